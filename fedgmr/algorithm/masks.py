@@ -1,0 +1,144 @@
+"""Nested magnitude masks (SPEC 3.1-3.3) and their IMS increments (SPEC 6.5).
+
+One global ranking of all prunable coordinates is computed from the global model;
+the mask of density ``rho`` holds the always-kept coordinates plus the first
+``round(rho * P)`` entries of the ranking, so masks of increasing density are nested.
+Every prunable layer's top ``floor`` fraction comes first, so no layer is ever cut off.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from fedgmr.algorithm.params import ParamSpace
+
+
+def flops_per_weight(model: nn.Module, space: ParamSpace, example: torch.Tensor) -> dict[str, float]:
+    """Multiply-accumulates each weight performs per sample (conv: output positions).
+
+    Measured with forward hooks on one example batch. Parameters of modules the hooks
+    cannot classify count 1 MAC per weight.
+    """
+    factors: dict[str, float] = {}
+    hooks = []
+    for mod_name, module in model.named_modules():
+        if isinstance(module, nn.modules.conv._ConvNd):
+            def hook(mod, inp, out, name=mod_name):
+                factors[name] = float(math.prod(out.shape[2:]))
+        elif isinstance(module, nn.Linear):
+            def hook(mod, inp, out, name=mod_name):
+                factors[name] = float(math.prod(out.shape[1:-1])) if out.ndim > 2 else 1.0
+        else:
+            continue
+        hooks.append(module.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        model(example[:1])
+    model.train(was_training)
+    for h in hooks:
+        h.remove()
+    out: dict[str, float] = {}
+    for p in space.params:
+        module_name = p.name.rsplit(".", 1)[0] if "." in p.name else ""
+        out[p.name] = factors.get(module_name, 1.0)
+    return out
+
+
+def layer_costs(space: ParamSpace, macs_per_weight: dict[str, float]) -> dict[str, float]:
+    """Per-layer cost = (communication share + compute share) / 2, relative to the mean.
+
+    A coordinate's importance |w| is divided by its layer's cost, so cheap layers are
+    preferred when both layers hold equally large weights.
+    """
+    layers = space.prunable_layers
+    total_n = sum(p.numel for p in layers) or 1
+    total_f = sum(p.numel * macs_per_weight.get(p.name, 1.0) for p in layers) or 1.0
+    raw = {p.name: 0.5 * (1.0 / total_n + macs_per_weight.get(p.name, 1.0) / total_f) for p in layers}
+    mean = sum(raw[p.name] * p.numel for p in layers) / total_n
+    return {k: v / mean for k, v in raw.items()}
+
+
+def magnitude_ranking(flat: torch.Tensor, space: ParamSpace, floor: float = 0.02,
+                      costs: dict[str, float] | None = None) -> torch.Tensor:
+    """Rank prunable coordinates (flat indices), most important first.
+
+    Importance is ``|w| / cost(layer)``; each layer's top ``floor`` fraction (at least one
+    coordinate) comes first, then every other coordinate by importance. Ties are broken by
+    position, so the ranking is deterministic.
+    """
+    if not 0.0 <= floor <= 1.0:
+        raise ValueError(f"floor must be in [0, 1], got {floor}")
+    head_idx, head_score, tail_idx, tail_score = [], [], [], []
+    for p in space.prunable_layers:
+        score = flat[p.slice].abs().double()
+        if costs is not None:
+            score = score / costs[p.name]
+        order = torch.sort(score, descending=True, stable=True).indices
+        n_floor = min(p.numel, max(1, math.ceil(floor * p.numel))) if floor > 0 else 0
+        idx = order + p.offset
+        head_idx.append(idx[:n_floor])
+        head_score.append(score[order[:n_floor]])
+        tail_idx.append(idx[n_floor:])
+        tail_score.append(score[order[n_floor:]])
+    if not head_idx:
+        return torch.zeros(0, dtype=torch.long)
+
+    def _merge(idx: list[torch.Tensor], sc: list[torch.Tensor]) -> torch.Tensor:
+        all_idx, all_sc = torch.cat(idx), torch.cat(sc)
+        # sort by score desc, then by flat index asc for ties
+        by_index = torch.argsort(all_idx, stable=True)
+        all_idx, all_sc = all_idx[by_index], all_sc[by_index]
+        return all_idx[torch.sort(all_sc, descending=True, stable=True).indices]
+
+    return torch.cat([_merge(head_idx, head_score), _merge(tail_idx, tail_score)])
+
+
+def floor_count(space: ParamSpace, floor: float) -> int:
+    """How many coordinates the per-layer floor reserves in total."""
+    if floor <= 0:
+        return 0
+    return sum(min(p.numel, max(1, math.ceil(floor * p.numel))) for p in space.prunable_layers)
+
+
+def mask_from_ranking(ranking: torch.Tensor, space: ParamSpace, density: float, floor: float = 0.02) -> torch.Tensor:
+    """Mask of a given density: always-kept coordinates + a prefix of ``ranking``.
+
+    The prefix never drops below the per-layer floor, so a density smaller than the
+    floor's total yields the floor itself.
+    """
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    k = max(int(round(density * space.num_prunable)), floor_count(space, floor))
+    mask = space.always_kept.clone()
+    mask[ranking[:k]] = True
+    return mask
+
+
+def nested_masks(ranking: torch.Tensor, space: ParamSpace, densities: Sequence[float],
+                 floor: float = 0.02) -> list[torch.Tensor]:
+    """Masks for increasing ``densities``; each is a subset of the next."""
+    if list(densities) != sorted(densities):
+        raise ValueError(f"densities must be increasing, got {list(densities)}")
+    return [mask_from_ranking(ranking, space, d, floor) for d in densities]
+
+
+def ims_increments(masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """IMS blocks: the first mask, then what each level adds to the previous one.
+
+    The blocks are disjoint and their union is the last mask.
+    """
+    blocks, prev = [], None
+    for m in masks:
+        blocks.append(m.clone() if prev is None else m & ~prev)
+        prev = m
+    return blocks
+
+
+def coverage(masks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Coverage counts Gamma(n): how many masks hold each coordinate."""
+    return torch.stack([m.to(torch.int32) for m in masks]).sum(0)

@@ -1,0 +1,118 @@
+"""A model's trainable parameters as one flat vector, with per-layer metadata.
+
+Masks, updates and aggregation all work on this flat view, so they are independent of
+the architecture. Buffers (BatchNorm running statistics) are kept apart: they are never
+masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+_NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm)
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter tensor inside the flat vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+    prunable: bool
+
+    @property
+    def slice(self) -> slice:
+        return slice(self.offset, self.offset + self.numel)
+
+
+class ParamSpace:
+    """Layout of a model's trainable parameters in a flat vector.
+
+    Prunable parameters are the weights (ndim >= 2) of every layer except the output
+    layer and normalisation layers; biases, norm affine parameters and the output layer
+    are always kept (SPEC 3.3).
+
+    Parameters
+    ----------
+    model: the model whose layout to describe.
+    output_layer: name prefix of the output layer; by default the last module that owns
+        a weight with ndim >= 2.
+    """
+
+    def __init__(self, model: nn.Module, output_layer: str | None = None) -> None:
+        norm_params: set[str] = set()
+        weight_modules: list[str] = []
+        for mod_name, module in model.named_modules():
+            own = [(n, p) for n, p in module.named_parameters(recurse=False)]
+            if isinstance(module, _NORM_TYPES):
+                norm_params.update(f"{mod_name}.{n}" if mod_name else n for n, _ in own)
+            elif any(p.ndim >= 2 for _, p in own):
+                weight_modules.append(mod_name)
+        if output_layer is None:
+            output_layer = weight_modules[-1] if weight_modules else ""
+        self.output_layer = output_layer
+        infos: list[ParamInfo] = []
+        offset = 0
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            module_name = name.rsplit(".", 1)[0] if "." in name else ""
+            prunable = p.ndim >= 2 and name not in norm_params and module_name != output_layer
+            infos.append(ParamInfo(name, tuple(p.shape), offset, p.numel(), prunable))
+            offset += p.numel()
+        self.params: tuple[ParamInfo, ...] = tuple(infos)
+        self.numel = offset
+        keep = torch.ones(offset, dtype=torch.bool)
+        for info in infos:
+            if info.prunable:
+                keep[info.slice] = False
+        #: coordinates that every mask holds (output layer, biases, norm parameters)
+        self.always_kept = keep
+        self.num_prunable = int((~keep).sum())
+        self.buffer_names: tuple[str, ...] = tuple(n for n, _ in model.named_buffers())
+
+    @property
+    def prunable_layers(self) -> list[ParamInfo]:
+        return [p for p in self.params if p.prunable]
+
+    def flatten(self, model: nn.Module) -> torch.Tensor:
+        """Copy the model's trainable parameters into a new flat float32 vector."""
+        named = dict(model.named_parameters())
+        return torch.cat([named[p.name].detach().reshape(-1).float() for p in self.params])
+
+    def load(self, model: nn.Module, flat: torch.Tensor) -> None:
+        """Write a flat vector into the model's parameters (in place)."""
+        if flat.numel() != self.numel:
+            raise ValueError(f"flat vector has {flat.numel()} values, model has {self.numel}")
+        named = dict(model.named_parameters())
+        with torch.no_grad():
+            for p in self.params:
+                named[p.name].copy_(flat[p.slice].view(p.shape))
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-parameter views (shaped) into a flat vector."""
+        return {p.name: flat[p.slice].view(p.shape) for p in self.params}
+
+    def density(self, mask: torch.Tensor) -> float:
+        """Fraction of prunable coordinates a mask holds."""
+        if self.num_prunable == 0:
+            return 1.0
+        return float((mask & ~self.always_kept).sum()) / self.num_prunable
+
+
+def get_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of all buffers (BatchNorm statistics etc.)."""
+    return {n: b.detach().clone() for n, b in model.named_buffers()}
+
+
+def set_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Load buffers into a model in place."""
+    named = dict(model.named_buffers())
+    with torch.no_grad():
+        for n, b in buffers.items():
+            named[n].copy_(b)

@@ -1,0 +1,255 @@
+"""Typed, validated experiment configuration.
+
+The tree mirrors the objects it builds (data, model, clients, training, sub-models,
+aggregation, restoration, coordination, network, run). Unknown keys and bad values raise
+:class:`~fedgmr.errors.ConfigError` with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedgmr.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """Data set and client partition."""
+
+    name: str = "digits"
+    root: str | None = None
+    partition: Literal["iid", "dirichlet", "natural"] = "dirichlet"
+    alpha: float = Field(0.6, gt=0)
+    val_fraction: float = Field(0.1, ge=0, lt=1)
+    client_val_fraction: float = Field(0.0, ge=0, lt=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelConfig(_Section):
+    """Model architecture (a registered builder) and its options."""
+
+    name: str = "cnn"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClientsConfig(_Section):
+    """Client population: count, bandwidth tiers and concurrency."""
+
+    num_clients: int = Field(10, ge=1)
+    heterogeneity: Literal["high", "medium", "low", "none"] | list[float] = "high"
+    concurrency: int | None = Field(None, ge=1)
+
+
+class TrainingConfig(_Section):
+    """Local SGD on each client."""
+
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(20, ge=1)
+    local_steps: int = Field(5, ge=1)
+    loss: Literal["ce", "bce"] = "ce"
+
+
+class SubmodelConfig(_Section):
+    """Sub-model policy and density ladder (SPEC 3)."""
+
+    policy: str = "magnitude"
+    ladder: list[float] = Field(default_factory=lambda: [0.05, 0.1, 0.2, 0.5, 1.0])
+    layer_floor: float = Field(0.02, ge=0, le=1)
+    cost_weighted: bool = False
+    refresh_every: int | None = Field(None, ge=1)
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder(cls, v: list[float]) -> list[float]:
+        if not v or any(not 0 < r <= 1 for r in v) or v != sorted(set(v)):
+            raise ValueError("must be strictly increasing densities in (0, 1]")
+        return v
+
+
+class StalenessConfig(_Section):
+    kind: Literal["constant", "polynomial", "hinge", "fedbuff"] = "polynomial"
+    a: float = Field(0.6, ge=0)
+    b: float = Field(4.0, ge=0)
+
+
+class AggregationConfig(_Section):
+    """Aggregation rule, weighting, staleness and buffer (SPEC 4)."""
+
+    rule: str = "ma"
+    weighting: Literal["samples", "equal"] = "samples"
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+    buffer: bool = True
+    max_staleness: int | None = Field(None, ge=0)
+    fedasync_alpha: float = Field(0.6, gt=0, le=1)
+
+
+class RestorationConfig(_Section):
+    """Gradual Model Restoration (SPEC 5)."""
+
+    trigger: Literal["early_stopping", "fixed_time", "none"] = "early_stopping"
+    check_interval: int = Field(5, ge=1)
+    patience: int = Field(3, ge=1)
+    min_delta: float = Field(0.0, ge=0)
+    cooldown: int | None = Field(None, ge=0)
+    per_client_patience: int | None = Field(None, ge=1)
+    horizon: float | None = Field(None, gt=0)
+    fractions: list[float] = Field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8, 1.0])
+
+
+class CoordinationConfig(_Section):
+    """When the server aggregates (SPEC 6.4)."""
+
+    mode: Literal["semi_async", "sync"] = "semi_async"
+    trigger: Literal["k", "deadline"] = "k"
+    k: int = Field(3, ge=1)
+    deadline_slack: float = Field(0.5, ge=0)
+    server_time: float = Field(0.5, ge=0)
+
+
+class ComputeConfig(_Section):
+    kind: Literal["constant", "flops"] = "constant"
+    seconds_per_round: float = Field(0.5, ge=0)
+    speeds: list[float] | None = None
+
+
+class NetworkConfig(_Section):
+    """Bandwidths (MB/s), IMS, jitter and payload sizing (SPEC 6.1-6.5)."""
+
+    ims: bool = True
+    down_per_tier: float = Field(20.0, gt=0)
+    up_per_tier: float = Field(5.0, gt=0)
+    server_up: float = Field(10.0, gt=0)
+    server_down: float = Field(50.0, gt=0)
+    jitter_sigma: float = Field(0.0, ge=0)
+    model_size_mb: float | None = Field(None, gt=0)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+
+
+class RunConfig(_Section):
+    """Run length, evaluation, checkpoints and execution."""
+
+    max_steps: int | None = Field(None, ge=1)
+    max_time: float | None = Field(None, gt=0)
+    eval_every: int = Field(5, ge=1)
+    checkpoint_every: int | None = Field(None, ge=1)
+    executor: str = "serial"
+    workers: int | None = Field(None, ge=1)
+    torch_threads: int | None = Field(None, ge=1)
+    t_star: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _length(self) -> "RunConfig":
+        if self.max_steps is None and self.max_time is None:
+            raise ValueError("set max_steps or max_time")
+        return self
+
+
+class ExperimentConfig(_Section):
+    """A whole experiment."""
+
+    name: str = "experiment"
+    method: str = "fedgmr"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    clients: ClientsConfig = Field(default_factory=ClientsConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    submodel: SubmodelConfig = Field(default_factory=SubmodelConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    restoration: RestorationConfig = Field(default_factory=RestorationConfig)
+    coordination: CoordinationConfig = Field(default_factory=CoordinationConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    run: RunConfig = Field(default_factory=lambda: RunConfig(max_steps=100))
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{key}'"
+    msg = first["msg"]
+    return f"invalid value for '{key}': {msg} (got {first.get('input')!r})"
+
+
+def parse_config(data: dict[str, Any]) -> ExperimentConfig:
+    """Validate a plain dict; raises :class:`ConfigError` naming the first bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError("a config must be a mapping of keys to values")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (or JSON) or TOML file into a dict."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - any parser error becomes one line
+        raise ConfigError(f"cannot parse config file {path}: {str(exc).splitlines()[0]}") from None
+    return data or {}
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value with YAML rules (numbers, booleans, null, lists)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """``set_dotted(d, "a.b", 1)`` sets ``d["a"]["b"] = 1``, creating sections."""
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"invalid config key '{key}'")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"unknown config key '{key}' ('{'.'.join(parts[:i + 1])}' is not a section)")
+        node = child
+    node[parts[-1]] = value
+
+
+def get_dotted(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key=value`` strings to a config dict (in place) and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got '{item}'")
+        key, value = item.split("=", 1)
+        set_dotted(data, key.strip(), parse_value(value))
+    return data
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

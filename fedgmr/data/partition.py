@@ -1,0 +1,117 @@
+"""Client partitions (IID, Dirichlet label skew, natural) and the validation split.
+
+All functions are pure given a ``numpy.random.Generator`` (the *partition* stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedgmr.errors import ConfigError
+
+
+@dataclass
+class Partition:
+    """Index arrays into the training set.
+
+    ``clients[i]`` are client ``i``'s training samples, ``client_val[i]`` its own
+    validation samples (empty unless per-client validation was requested) and
+    ``server_val`` the held-out validation split that GMR monitors.
+    """
+
+    clients: list[np.ndarray]
+    client_val: list[np.ndarray]
+    server_val: np.ndarray
+
+
+def split_validation(num_samples: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Return (train_indices, validation_indices) with ``fraction`` held out."""
+    if not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be in [0, 1), got {fraction}")
+    perm = rng.permutation(num_samples)
+    n_val = int(round(num_samples * fraction))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def iid_partition(indices: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffle and deal ``indices`` into ``num_clients`` near-equal shards."""
+    if num_clients > len(indices):
+        raise ConfigError(f"cannot split {len(indices)} samples over {num_clients} clients")
+    perm = rng.permutation(indices)
+    return [np.sort(shard) for shard in np.array_split(perm, num_clients)]
+
+
+def dirichlet_partition(indices: np.ndarray, labels: np.ndarray, num_clients: int, alpha: float,
+                        rng: np.random.Generator, min_size: int = 2, max_tries: int = 100) -> list[np.ndarray]:
+    """Label-skewed split: each class is spread over clients by a Dirichlet(alpha) draw.
+
+    Redraws until every client holds at least ``min_size`` samples.
+    """
+    if alpha <= 0:
+        raise ConfigError(f"data.alpha must be > 0, got {alpha}")
+    if num_clients * min_size > len(indices):
+        raise ConfigError(f"cannot split {len(indices)} samples over {num_clients} clients")
+    labels = np.asarray(labels)
+    classes = np.unique(labels[indices])
+    for _ in range(max_tries):
+        shards: list[list[int]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            idx = rng.permutation(indices[labels[indices] == c])
+            props = rng.dirichlet(np.full(num_clients, alpha))
+            cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
+            for shard, part in zip(shards, np.split(idx, cuts)):
+                shard.extend(part.tolist())
+        if min(len(s) for s in shards) >= min_size:
+            return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
+    raise ConfigError(
+        f"Dirichlet(alpha={alpha}) left a client with fewer than {min_size} samples after "
+        f"{max_tries} draws; use fewer clients or a larger alpha"
+    )
+
+
+def make_partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.Generator,
+                   alpha: float = 0.6, val_fraction: float = 0.1, client_val_fraction: float = 0.0,
+                   natural: list[np.ndarray] | None = None) -> Partition:
+    """Carve the server validation split, then split the rest over clients.
+
+    ``scheme`` is ``iid``, ``dirichlet`` or ``natural`` (``natural`` needs the data set's
+    own client split; its clients are grouped round-robin into ``num_clients`` clients
+    when there are more natural users than clients).
+    """
+    labels = np.asarray(labels)
+    if scheme == "natural":
+        if natural is None:
+            raise ConfigError("data.partition 'natural' needs a data set with natural clients")
+        groups: list[list[np.ndarray]] = [[] for _ in range(min(num_clients, len(natural)))]
+        if len(natural) < num_clients:
+            raise ConfigError(f"the data set has {len(natural)} natural clients, fewer than {num_clients}")
+        for i, user in enumerate(natural):
+            groups[i % num_clients].append(np.asarray(user, dtype=np.int64))
+        pooled = [np.concatenate(g) for g in groups]
+        server_val_parts, clients = [], []
+        for shard in pooled:
+            keep, val = split_validation(len(shard), val_fraction, rng)
+            clients.append(shard[keep])
+            server_val_parts.append(shard[val])
+        server_val = np.sort(np.concatenate(server_val_parts))
+    else:
+        train_idx, server_val = split_validation(len(labels), val_fraction, rng)
+        if scheme == "iid":
+            clients = iid_partition(train_idx, num_clients, rng)
+        elif scheme == "dirichlet":
+            clients = dirichlet_partition(train_idx, labels, num_clients, alpha, rng)
+        else:
+            raise ConfigError(f"data.partition must be 'iid', 'dirichlet' or 'natural', got {scheme!r}")
+    client_val: list[np.ndarray] = []
+    if client_val_fraction > 0:
+        split_clients = []
+        for shard in clients:
+            keep, val = split_validation(len(shard), client_val_fraction, rng)
+            split_clients.append(shard[keep])
+            client_val.append(shard[val])
+        clients = split_clients
+    else:
+        client_val = [np.zeros(0, dtype=np.int64) for _ in clients]
+    return Partition(clients=clients, client_val=client_val, server_val=server_val)

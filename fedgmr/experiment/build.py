@@ -1,0 +1,188 @@
+"""Build a runnable experiment from a config: data, partition, model, strategy,
+network and simulator, each with its own seeded random stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from fedgmr.algorithm.aggregation import RULES
+from fedgmr.algorithm.encoding import encoded_nbytes
+from fedgmr.algorithm.masks import flops_per_weight, layer_costs
+from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
+from fedgmr.algorithm.policies import POLICIES, FullModelPolicy, MagnitudePolicy, SubmodelPolicy
+from fedgmr.algorithm.restoration import (DensityLadder, EarlyStoppingTrigger, FixedTimeTrigger, NoTrigger,
+                                          RestorationTrigger)
+from fedgmr.algorithm.staleness import make_staleness
+from fedgmr.config import ExperimentConfig
+from fedgmr.data import FederatedData, Partition, load_dataset, make_partition
+from fedgmr.errors import ConfigError
+from fedgmr.models import build_model
+from fedgmr.registry import Registry
+from fedgmr.sim.executor import ClientWorkload, Executor, SerialExecutor
+from fedgmr.sim.network import Network, tier_densities
+from fedgmr.sim.simulator import ComputeModel, Coordination, Simulator
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.training.evaluate import evaluate
+from fedgmr.training.local import TrainSettings
+
+#: executors by name: ``factory(workload, config) -> Executor``
+EXECUTORS: Registry[Callable[[ClientWorkload, ExperimentConfig], Executor]] = Registry("executor")
+EXECUTORS.register("serial", lambda workload, cfg: SerialExecutor(workload))
+
+
+@dataclass
+class Streams:
+    """Independent random streams derived from one seed."""
+
+    partition: np.random.Generator
+    init: int
+    sampling: np.random.Generator
+    network: np.random.Generator
+
+    @classmethod
+    def from_seed(cls, seed: int) -> "Streams":
+        part, init, samp, net = np.random.SeedSequence(seed).spawn(4)
+        return cls(np.random.default_rng(part), int(init.generate_state(1, dtype=np.uint32)[0]),
+                   np.random.default_rng(samp), np.random.default_rng(net))
+
+
+@dataclass
+class Experiment:
+    """Everything a run needs, already wired together."""
+
+    config: ExperimentConfig
+    data: FederatedData
+    partition: Partition
+    space: ParamSpace
+    strategy: MaskedBufferedStrategy
+    simulator: Simulator
+    executor: Executor
+
+
+def model_factory(cfg: ExperimentConfig, data: FederatedData) -> Callable[[], nn.Module]:
+    """A zero-argument builder of the configured model."""
+
+    def build() -> nn.Module:
+        return build_model(cfg.model.name, data.num_classes, data.input_shape, **cfg.model.options)
+
+    return build
+
+
+def init_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """Build the model with a seeded initialisation, leaving global RNG state untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return factory()
+
+
+def _partition(cfg: ExperimentConfig, data: FederatedData, rng: np.random.Generator) -> Partition:
+    labels = data.train.y.numpy()
+    if labels.ndim != 1 and cfg.data.partition == "dirichlet":
+        raise ConfigError("data.partition 'dirichlet' needs one label per sample; use 'natural' or 'iid'")
+    if labels.ndim != 1:
+        labels = np.zeros(len(labels), dtype=np.int64)
+    return make_partition(labels, cfg.clients.num_clients, cfg.data.partition, rng, cfg.data.alpha,
+                          cfg.data.val_fraction, cfg.data.client_val_fraction, data.natural_clients)
+
+
+def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, model: nn.Module,
+            example: torch.Tensor) -> SubmodelPolicy:
+    name = cfg.submodel.policy
+    factory = POLICIES.get(name)
+    if factory is FullModelPolicy:
+        return FullModelPolicy(space)
+    if factory is MagnitudePolicy:
+        costs = layer_costs(space, flops_per_weight(model, space, example)) if cfg.submodel.cost_weighted else None
+        return MagnitudePolicy(space, cfg.submodel.ladder, params, cfg.submodel.layer_floor, costs,
+                               cfg.submodel.refresh_every)
+    return factory(space=space, ladder=cfg.submodel.ladder, params=params, model=model, config=cfg)
+
+
+def _trigger(cfg: ExperimentConfig) -> RestorationTrigger:
+    r = cfg.restoration
+    if r.trigger == "early_stopping":
+        return EarlyStoppingTrigger(r.patience, r.min_delta, r.cooldown)
+    if r.trigger == "fixed_time":
+        assert r.horizon is not None
+        return FixedTimeTrigger(r.horizon, r.fractions)
+    return NoTrigger()
+
+
+def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
+                     data: FederatedData | None = None) -> Experiment:
+    """Wire up a :class:`Simulator` for ``cfg`` (pass ``data`` to reuse a loaded data set)."""
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    streams = Streams.from_seed(cfg.seed)
+    data = data or load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
+    partition = _partition(cfg, data, streams.partition)
+    factory = model_factory(cfg, data)
+    model = init_model(factory, streams.init)
+    space = ParamSpace(model)
+    params = space.flatten(model)
+    buffers = get_buffers(model)
+    n = cfg.clients.num_clients
+    tiers = tier_densities(cfg.clients.heterogeneity, n)
+    example = data.train.x[:1]
+    policy = _policy(cfg, space, params, model, example)
+    if isinstance(policy, FullModelPolicy):
+        ladder = DensityLadder((1.0,), [0] * n)
+    else:
+        ladder = DensityLadder.from_densities(cfg.submodel.ladder, tiers)
+    agg = cfg.aggregation
+    strategy = MaskedBufferedStrategy(
+        space, params, buffers, policy, ladder, RULES.get(agg.rule),
+        make_staleness(agg.staleness.kind, agg.staleness.a, agg.staleness.b), agg.weighting, agg.buffer,
+        agg.max_staleness, agg.fedasync_alpha, _trigger(cfg), cfg.restoration.per_client_patience,
+        cfg.restoration.min_delta,
+    )
+    settings = TrainSettings(cfg.training.lr, cfg.training.momentum, cfg.training.weight_decay,
+                             cfg.training.batch_size, cfg.training.local_steps, cfg.training.loss,
+                             data.task, data.pad_index)
+    x, y = data.train.x, data.train.y
+    client_data = [(x[idx], y[idx]) for idx in partition.clients]
+    client_val = [(x[idx], y[idx]) for idx in partition.client_val]
+    workload = ClientWorkload(factory, client_data, client_val, settings)
+    executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)
+
+    eval_model = factory()
+    val_x, val_y = x[partition.server_val], y[partition.server_val]
+    splits = {"test": (data.test.x, data.test.y), "val": (val_x, val_y)}
+
+    def evaluator(flat: torch.Tensor, bufs: dict[str, torch.Tensor], split: str) -> tuple[float, float]:
+        space.load(eval_model, flat)
+        set_buffers(eval_model, bufs)
+        sx, sy = splits[split]
+        if len(sy) == 0:
+            raise ConfigError(f"the {split} split is empty (check data.val_fraction)")
+        return evaluate(eval_model, sx, sy, data.task, data.pad_index)
+
+    net = cfg.network
+    network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,
+                      net.jitter_sigma, streams.network)
+    macs = flops_per_weight(model, space, example)
+    full_flops = sum(p.numel * macs[p.name] for p in space.params)
+
+    def flops_fraction(mask: torch.Tensor) -> float:
+        kept = sum(int(mask[p.slice].sum()) * macs[p.name] for p in space.params)
+        return kept / full_flops
+
+    if net.compute.speeds is not None and len(net.compute.speeds) != n:
+        raise ConfigError(f"network.compute.speeds lists {len(net.compute.speeds)} speeds for {n} clients")
+    compute = ComputeModel(net.compute.kind, net.compute.seconds_per_round, net.compute.speeds, flops_fraction)
+    coord = Coordination(cfg.coordination.mode, cfg.coordination.trigger, cfg.coordination.k,
+                         cfg.coordination.deadline_slack, cfg.clients.concurrency, cfg.coordination.server_time,
+                         net.ims)
+    byte_scale = 1.0
+    if net.model_size_mb is not None:
+        byte_scale = net.model_size_mb * 1e6 / encoded_nbytes(space.numel, space.numel)
+    check = cfg.restoration.check_interval
+    sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
+                    cfg.run.eval_every, check, byte_scale, cfg.data.client_val_fraction > 0
+                    and cfg.restoration.per_client_patience is not None, on_record)
+    return Experiment(cfg, data, partition, space, strategy, sim, executor)

@@ -1,0 +1,85 @@
+"""Named methods: each is FedGMR's machinery with some settings fixed.
+
+A method fixes the config keys that define it (e.g. ``fedgmr_wo_gmr`` fixes
+``restoration.trigger: none``); everything else stays configurable. Register your own::
+
+    from fedgmr.methods import METHODS, Method
+    METHODS.register("my_variant", Method("my_variant", "FedGMR with GA", {"aggregation.rule": "ga"}))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedgmr.config import ExperimentConfig, get_dotted, parse_config, set_dotted
+from fedgmr.errors import ConfigError
+from fedgmr.registry import Registry
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named bundle of fixed settings."""
+
+    name: str
+    description: str
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+
+METHODS: Registry[Method] = Registry("method")
+
+_FULL_MODEL = {"submodel.policy": "full", "restoration.trigger": "none"}
+
+for _m in [
+    Method("fedgmr", "FedGMR: masked sub-models, GMR, semi-async buffered MA aggregation, IMS"),
+    Method("fedgmr_wo_gmr", "FedGMR without restoration (fixed densities)", {"restoration.trigger": "none"}),
+    Method("fedgmr_wo_asyn", "FedGMR with synchronous coordination", {"coordination.mode": "sync"}),
+    Method("fedgmr_wo_buffer", "FedGMR aggregating arrivals only", {"aggregation.buffer": False}),
+    Method("fedgmr_wo_ims", "FedGMR sending each sub-model whole", {"network.ims": False}),
+    Method("fedgmr_fixed_time", "FedGMR restoring at fixed fractions of a horizon",
+           {"restoration.trigger": "fixed_time"}),
+    Method("fedgmr_ma", "FedGMR with mask-aware aggregation (the default rule)", {"aggregation.rule": "ma"}),
+    Method("fedgmr_ga", "FedGMR with gradient averaging", {"aggregation.rule": "ga"}),
+    Method("fedgmr_fa", "FedGMR with zero-padded FedAvg", {"aggregation.rule": "fa"}),
+    Method("fedavg", "Synchronous FedAvg on the full model, sample-weighted",
+           {**_FULL_MODEL, "coordination.mode": "sync", "aggregation.rule": "ma", "aggregation.buffer": False,
+            "aggregation.staleness.kind": "constant", "aggregation.weighting": "samples"}),
+    Method("fedasync", "FedAsync: each full-model arrival mixed in with alpha * s(tau)",
+           {**_FULL_MODEL, "coordination.mode": "semi_async", "coordination.trigger": "k", "coordination.k": 1,
+            "aggregation.rule": "fedasync", "aggregation.buffer": False}),
+]:
+    METHODS.register(_m.name, _m)
+
+
+def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Apply the chosen method's fixed settings to a raw config dict and validate it.
+
+    ``explicit`` holds keys the user set on the command line: contradicting a method's
+    fixed setting there is an error rather than a silent override.
+    """
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    method = METHODS.get(str(data.get("method", "fedgmr")))
+    for key, value in method.fixed.items():
+        if explicit and key in explicit and explicit[key] != value:
+            raise ConfigError(f"'{key}' is fixed to {value!r} by method '{method.name}' (got {explicit[key]!r})")
+        _set_copy(data, key, value)
+    cfg = parse_config(data)
+    if cfg.restoration.trigger == "fixed_time" and cfg.restoration.horizon is None:
+        if cfg.run.max_time is None:
+            raise ConfigError("restoration.horizon is required for the fixed_time trigger when run.max_time is unset")
+        cfg.restoration.horizon = cfg.run.max_time
+    return cfg
+
+
+def _set_copy(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        child = dict(child) if isinstance(child, dict) else {}
+        node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+__all__ = ["METHODS", "Method", "resolve_config", "get_dotted", "set_dotted", "ExperimentConfig"]

@@ -1,0 +1,301 @@
+"""The FedGMR server strategy: masked sub-models on a density ladder, a staleness-aware
+update buffer, a pluggable aggregation rule and Gradual Model Restoration.
+
+The strategy is runtime-agnostic: the virtual-clock simulator, Ray workers and the
+Flower ServerApp all drive it through the same four calls -- :meth:`assign`,
+:meth:`receive`, :meth:`aggregate` and the restoration hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedgmr.algorithm.aggregation import AggregationRule, average_buffers, coverage_counts
+from fedgmr.algorithm.params import ParamSpace
+from fedgmr.algorithm.policies import SubmodelPolicy
+from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
+from fedgmr.algorithm.staleness import StalenessFn
+from fedgmr.errors import InvalidUpdateError
+from fedgmr.strategy.messages import Assignment, Reply, StepReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    client_id: int
+    version: int
+    mask: torch.Tensor
+    values: torch.Tensor
+    num_samples: int
+    buffers: dict[str, torch.Tensor]
+
+
+class MaskedBufferedStrategy:
+    """Server logic of FedGMR and of every method expressible as its special case
+    (FedAvg: full policy, arrivals only; FedAsync: full policy, mixing rule, K = 1).
+
+    Parameters
+    ----------
+    space, params, buffers: parameter layout, initial flat weights and buffers.
+    policy: sub-model policy (one mask per ladder level).
+    ladder: the clients' density levels (restoration moves them up).
+    rule: aggregation rule (MA, GA, FA or FedAsync mixing).
+    staleness: s(tau).
+    weighting: ``samples`` (beta = samples x s(tau)) or ``equal`` (beta = s(tau)).
+    use_buffer: aggregate the latest update of every client (True) or arrivals only.
+    max_staleness: drop buffered updates older than this many steps (None: keep).
+    fedasync_alpha: base mixing rate of the FedAsync rule.
+    trigger: when restoration fires; ``client_patience`` enables per-client monitors.
+    """
+
+    def __init__(self, space: ParamSpace, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+                 policy: SubmodelPolicy, ladder: DensityLadder, rule: AggregationRule,
+                 staleness: StalenessFn, weighting: str = "samples", use_buffer: bool = True,
+                 max_staleness: int | None = None, fedasync_alpha: float = 0.6,
+                 trigger: RestorationTrigger | None = None, client_patience: int | None = None,
+                 client_min_delta: float = 0.0) -> None:
+        if weighting not in ("samples", "equal"):
+            raise ValueError(f"weighting must be 'samples' or 'equal', got {weighting!r}")
+        self.space = space
+        self.params = params.detach().clone().float()
+        self.buffers = {k: v.clone() for k, v in buffers.items()}
+        self.policy = policy
+        self.ladder = ladder
+        self.rule = rule
+        self.staleness = staleness
+        self.weighting = weighting
+        # a delta must not be applied twice, and FedAsync mixes each arrival once
+        self.use_buffer = use_buffer and rule.consumes == "model" and not rule.sequential
+        self.max_staleness = max_staleness
+        self.fedasync_alpha = fedasync_alpha
+        self.trigger = trigger or NoTrigger()
+        self.client_monitors = (
+            [EarlyStopping(client_patience, client_min_delta, client_patience) for _ in ladder.levels]
+            if client_patience else None
+        )
+        self.version = 0
+        self._outstanding: dict[int, Assignment] = {}
+        self._buffer: dict[int, _Entry] = {}
+        self._arrivals: list[int] = []
+        self._pending: dict[int, _Entry] = {}
+        self.rejected = 0
+
+    # ------------------------------------------------------------------ dispatch
+    @property
+    def num_clients(self) -> int:
+        return len(self.ladder.levels)
+
+    def assign(self, client_id: int) -> Assignment:
+        """Prepare client ``client_id``'s next job at the current model version."""
+        level = self.ladder.levels[client_id]
+        a = Assignment(client_id, self.version, level, self.ladder.ladder[level],
+                       self.policy.mask(level), self.rule.consumes)
+        self._outstanding[client_id] = a
+        return a
+
+    def densities(self) -> list[float]:
+        """Current density of every client (prunable coordinates of its mask)."""
+        return self.ladder.densities()
+
+    # ------------------------------------------------------------------ replies
+    def receive(self, reply: Reply) -> bool:
+        """Validate and store a reply. Invalid replies are logged and rejected; they
+        never touch the global model. Returns True when accepted."""
+        try:
+            entry = self._validate(reply)
+        except InvalidUpdateError as exc:
+            self.rejected += 1
+            log.warning("rejected update from client %s: %s", reply.client_id, exc)
+            return False
+        del self._outstanding[reply.client_id]
+        (self._buffer if self.use_buffer else self._pending)[entry.client_id] = entry
+        if entry.client_id not in self._arrivals:
+            self._arrivals.append(entry.client_id)
+        return True
+
+    def _validate(self, reply: Reply) -> _Entry:
+        if not isinstance(reply.client_id, int) or not 0 <= reply.client_id < self.num_clients:
+            raise InvalidUpdateError(f"unknown client id {reply.client_id!r}")
+        a = self._outstanding.get(reply.client_id)
+        if a is None:
+            raise InvalidUpdateError("no job is outstanding for this client")
+        if reply.version > self.version:
+            raise InvalidUpdateError(f"model version {reply.version} is from the future (server at {self.version})")
+        if reply.version != a.version:
+            raise InvalidUpdateError(f"model version {reply.version} does not match the dispatched {a.version}")
+        if reply.kind != a.consumes:
+            raise InvalidUpdateError(f"expected a {a.consumes} update, got {reply.kind}")
+        mask = a.mask
+        if reply.mask is not None:
+            if reply.mask.dtype != torch.bool or reply.mask.shape != a.mask.shape:
+                raise InvalidUpdateError(f"mask of shape {tuple(reply.mask.shape)}; expected {tuple(a.mask.shape)}")
+            outside = reply.mask & ~a.mask
+            if bool(outside.any()):
+                raise InvalidUpdateError(f"{int(outside.sum())} coordinates outside the client's mask")
+            mask = reply.mask
+        values = reply.values
+        if not isinstance(values, torch.Tensor) or values.ndim != 1 or values.numel() != int(mask.sum()):
+            shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise InvalidUpdateError(f"values of shape {shape}; expected ({int(mask.sum())},)")
+        if not bool(torch.isfinite(values).all()):
+            raise InvalidUpdateError("values contain NaN or Inf")
+        if not reply.num_samples > 0:
+            raise InvalidUpdateError(f"num_samples must be > 0, got {reply.num_samples}")
+        buffers = {}
+        for name, ref in self.buffers.items():
+            b = reply.buffers.get(name)
+            if b is None:
+                b = ref  # a client that sends no buffers leaves them unchanged
+            elif b.shape != ref.shape or (b.is_floating_point() and not bool(torch.isfinite(b).all())):
+                raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or non-finite values")
+            buffers[name] = b.detach().clone()
+        return _Entry(reply.client_id, reply.version, mask, values.detach().float().clone(),
+                      int(reply.num_samples), buffers)
+
+    # ------------------------------------------------------------------ aggregation
+    @property
+    def arrivals(self) -> list[int]:
+        """Clients whose update arrived since the last aggregation (in order)."""
+        return list(self._arrivals)
+
+    def aggregate(self) -> StepReport:
+        """One server step: fold the selected updates into the global model."""
+        source = self._buffer if self.use_buffer else self._pending
+        entries = list(source.values()) if self.use_buffer else [source[c] for c in self._arrivals if c in source]
+        used: list[_Entry] = []
+        taus: list[int] = []
+        weights: list[float] = []
+        for e in entries:
+            tau = self.version - e.version
+            if self.max_staleness is not None and tau > self.max_staleness:
+                continue
+            s = self.staleness(tau)
+            if self.rule.sequential:
+                w = self.fedasync_alpha * s
+            else:
+                w = s * (e.num_samples if self.weighting == "samples" else 1.0)
+            used.append(e)
+            taus.append(tau)
+            weights.append(w)
+        if self.use_buffer and self.max_staleness is not None:
+            for cid in [c for c, e in self._buffer.items() if self.version - e.version > self.max_staleness]:
+                del self._buffer[cid]
+        min_cov = 0
+        if used:
+            updates = [(e.mask, e.values) for e in used]
+            self.params = self.rule(self.params, updates, weights)
+            buf_w = [w if not self.rule.sequential else 1.0 for w in weights]
+            self.buffers = average_buffers([e.buffers for e in used], buf_w, self.buffers)
+            min_cov = int(coverage_counts([e.mask for e in used]).min())
+        self.version += 1
+        self.policy.refresh(self.version, self.params)
+        report = StepReport(self.version, [e.client_id for e in used], taus, weights, min_cov, self.rejected)
+        self._arrivals.clear()
+        self._pending.clear()
+        return report
+
+    # ------------------------------------------------------------------ restoration
+    def on_validation(self, score: float) -> list[int]:
+        """Feed the global model's validation score; returns clients restored."""
+        if self.trigger.on_validation(self.version, score):
+            moved = self.ladder.restore()
+            if moved:
+                log.info("GMR restoration at step %d: clients %s -> densities %s",
+                         self.version, moved, [self.ladder.density(c) for c in moved])
+            return moved
+        return []
+
+    def on_time(self, now: float) -> list[int]:
+        """Fixed-time restorations that are due at virtual time ``now``."""
+        moved: list[int] = []
+        for _ in range(self.trigger.on_time(now)):
+            moved += self.ladder.restore()
+        return sorted(set(moved))
+
+    def on_client_validation(self, client_id: int, score: float) -> bool:
+        """Per-client monitor: step one client up when its local score plateaus."""
+        if self.client_monitors is None:
+            return False
+        if self.client_monitors[client_id].update(score):
+            return self.ladder.step_up(client_id)
+        return False
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(JSON-able state, tensors) capturing everything needed to resume.
+
+        Masks are shared between clients of a level, so they are stored once each.
+        """
+        tensors: dict[str, torch.Tensor] = {"params": self.params}
+        tensors.update({f"buffers/{k}": v for k, v in self.buffers.items()})
+        mask_ids: dict[int, int] = {}
+
+        def mask_key(m: torch.Tensor) -> int:
+            if id(m) not in mask_ids:
+                mask_ids[id(m)] = len(mask_ids)
+                tensors[f"mask/{mask_ids[id(m)]}"] = m
+            return mask_ids[id(m)]
+
+        entries = []
+        store = [("b", e) for e in self._buffer.values()] + [("p", e) for e in self._pending.values()]
+        for where, e in store:
+            key = f"entry/{where}/{e.client_id}"
+            tensors[f"{key}/values"] = e.values
+            tensors.update({f"{key}/buf/{k}": v for k, v in e.buffers.items()})
+            entries.append({"where": where, "client": e.client_id, "version": e.version,
+                            "num_samples": e.num_samples, "mask": mask_key(e.mask)})
+        outstanding = [{"client": cid, "version": a.version, "level": a.level, "density": a.density,
+                        "mask": mask_key(a.mask)} for cid, a in self._outstanding.items()]
+        pol_state, pol_tensors = self.policy.state_dict()
+        tensors.update({f"policy/{k}": v for k, v in pol_tensors.items()})
+        state = {
+            "version": self.version, "rejected": self.rejected, "arrivals": list(self._arrivals),
+            "entries": entries, "outstanding": outstanding, "ladder": self.ladder.state_dict(),
+            "trigger": self.trigger.state_dict(), "policy": pol_state,
+            "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
+        }
+        return state, tensors
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Restore from :meth:`state_dict` output."""
+        self.params = tensors["params"].clone()
+        self.buffers = {k: tensors[f"buffers/{k}"].clone() for k in self.buffers}
+        self.version = int(state["version"])
+        self.rejected = int(state["rejected"])
+        self._arrivals = [int(c) for c in state["arrivals"]]
+        self.ladder.load_state_dict(state["ladder"])
+        self.trigger.load_state_dict(state["trigger"])
+        self.policy.load_state_dict(state["policy"], {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")})
+        if self.client_monitors is not None and state["client_monitors"]:
+            for m, s in zip(self.client_monitors, state["client_monitors"]):
+                m.load_state_dict(s)
+        # share mask objects again: the policy's level masks when equal, else one copy each
+        level_masks = [self.policy.mask(l) for l in range(len(self.ladder.ladder))]
+        masks: dict[int, torch.Tensor] = {}
+        for key, t in tensors.items():
+            if key.startswith("mask/"):
+                same = next((m for m in level_masks if torch.equal(m, t)), None)
+                masks[int(key[5:])] = same if same is not None else t.clone()
+        self._buffer.clear()
+        self._pending.clear()
+        for item in state["entries"]:
+            key = f"entry/{item['where']}/{item['client']}"
+            e = _Entry(int(item["client"]), int(item["version"]), masks[int(item["mask"])],
+                       tensors[f"{key}/values"].clone(), int(item["num_samples"]),
+                       {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers})
+            (self._buffer if item["where"] == "b" else self._pending)[e.client_id] = e
+        self._outstanding = {
+            int(o["client"]): Assignment(int(o["client"]), int(o["version"]), int(o["level"]), float(o["density"]),
+                                         masks[int(o["mask"])], self.rule.consumes)
+            for o in state["outstanding"]
+        }
+
+
+def mean_density(densities: list[float]) -> float:
+    return math.fsum(densities) / len(densities) if densities else 0.0

@@ -1,0 +1,52 @@
+"""What flows between a strategy and its clients, whatever the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What the server sends a client: a model version and the mask to train."""
+
+    client_id: int
+    version: int
+    level: int
+    density: float
+    mask: torch.Tensor  # bool over the flat parameter vector (shared per level)
+    consumes: Literal["model", "delta"] = "model"
+
+
+@dataclass
+class Reply:
+    """What a client sends back.
+
+    ``values`` are the trained weights (``kind="model"``) or the change from the
+    downloaded model (``kind="delta"``) at the coordinates of ``mask`` - the assigned
+    mask unless the client reports a smaller one.
+    """
+
+    client_id: int
+    version: int
+    values: torch.Tensor
+    num_samples: int
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    kind: Literal["model", "delta"] = "model"
+    mask: torch.Tensor | None = None
+    loss: float = float("nan")
+    val_score: float | None = None
+
+
+@dataclass
+class StepReport:
+    """Summary of one server step (aggregation)."""
+
+    step: int
+    used: list[int]
+    staleness: list[int]
+    weights: list[float]
+    min_coverage: int
+    rejected_total: int

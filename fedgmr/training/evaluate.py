@@ -1,0 +1,34 @@
+"""Accuracy and loss of a model on a data set (token accuracy ignores padding)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from fedgmr.training.losses import task_loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification",
+             pad_index: int | None = None, batch_size: int = 512) -> tuple[float, float]:
+    """Return (top-1 accuracy, mean loss). For ``next_token`` tasks both are per
+    non-padding token."""
+    was_training = model.training
+    model.eval()
+    correct, count, loss_sum = 0, 0, 0.0
+    for start in range(0, len(y), batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        logits = model(xb)
+        loss_sum += float(task_loss(logits, yb, task, "ce", pad_index, reduction="sum"))
+        pred = logits.argmax(-1)
+        if task == "next_token" and pad_index is not None:
+            keep = yb != pad_index
+            correct += int(((pred == yb) & keep).sum())
+            count += int(keep.sum())
+        else:
+            correct += int((pred == yb).sum())
+            count += int(yb.numel())
+    model.train(was_training)
+    if count == 0:
+        return 0.0, 0.0
+    return correct / count, loss_sum / count

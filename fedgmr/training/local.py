@@ -1,0 +1,97 @@
+"""Masked local training (SPEC 3.4).
+
+The client starts from ``W * m``, runs ``local_steps`` SGD steps and pruned coordinates
+stay exactly zero - also under momentum and weight decay - because their gradients are
+masked before the optimiser sees them (a zero weight with a zero gradient gets a zero
+weight-decay term and a zero momentum buffer). Buffers are trained normally, never masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
+from fedgmr.training.evaluate import evaluate
+from fedgmr.training.losses import task_loss
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local optimisation settings (SGD)."""
+
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 20
+    local_steps: int = 5
+    loss: Literal["ce", "bce"] = "ce"
+    task: str = "classification"
+    pad_index: int | None = None
+
+
+@dataclass
+class TrainOutcome:
+    """What local training produced."""
+
+    params: torch.Tensor  # full flat vector, zero outside the mask
+    buffers: dict[str, torch.Tensor]
+    loss: float
+    num_samples: int
+    val_score: float | None = None
+
+
+def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tensor,
+                          buffers: dict[str, torch.Tensor], mask: torch.Tensor | None,
+                          x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, seed: int,
+                          val: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainOutcome:
+    """Train ``model`` from ``start * mask`` on ``(x, y)``; deterministic for ``seed``.
+
+    ``mask=None`` trains the full model. Batches are drawn without replacement from a
+    permutation seeded by ``seed``, reshuffled each pass over the data.
+    """
+    if len(y) == 0:
+        raise ValueError("cannot train on an empty client data set")
+    init = start if mask is None else start * mask
+    space.load(model, init)
+    set_buffers(model, buffers)
+    params = dict(model.named_parameters())
+    grad_masks: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if mask is not None:
+        for info in space.params:
+            m = mask[info.slice]
+            if not bool(m.all()):
+                grad_masks.append((params[info.name], m.view(info.shape).to(params[info.name].dtype)))
+    opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                          weight_decay=settings.weight_decay)
+    gen = torch.Generator().manual_seed(int(seed))
+    n = len(y)
+    bs = min(settings.batch_size, n)
+    perm = torch.randperm(n, generator=gen)
+    pos = 0
+    model.train()
+    total_loss = 0.0
+    for _ in range(settings.local_steps):
+        if pos + bs > n:
+            perm = torch.randperm(n, generator=gen)
+            pos = 0
+        idx = perm[pos:pos + bs]
+        pos += bs
+        opt.zero_grad(set_to_none=False)
+        loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
+        loss.backward()
+        for p, m in grad_masks:
+            p.grad.mul_(m)
+        opt.step()
+        total_loss += float(loss.detach())
+    flat = space.flatten(model)
+    if mask is not None:
+        flat = flat * mask  # exact zeros (also clears -0.0 and any optimiser round-off)
+    val_score = None
+    if val is not None and len(val[1]) > 0:
+        val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
+    return TrainOutcome(flat, get_buffers(model), total_loss / max(settings.local_steps, 1),
+                        settings.local_steps * bs, val_score)
