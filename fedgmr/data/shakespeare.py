@@ -178,15 +178,16 @@ def parse_play(text: str, play: str) -> list[Role]:
         first = block[0]
         body = block[1:]
         inline = _INLINE.match(first)
-        inline_known = bool(inline and is_name(inline.group(1)) and _normalise(inline.group(1)) in known)
+        inline_name, inline_text = (inline.group(1), inline.group(2)) if inline else ("", "")
+        inline_known = bool(inline_name) and is_name(inline_name) and _normalise(inline_name) in known
         if is_name(first) and body:
             speaker = _normalise(first)
         elif is_name(first) and (_normalise(first) in known or not inline_known):
             pending = _normalise(first)  # a name alone: its speech follows after a blank line
             continue
         elif inline_known:  # "NAME. speech" on one line
-            speaker = _normalise(inline.group(1))  # type: ignore[union-attr]
-            body = [inline.group(2)] + body  # type: ignore[union-attr]
+            speaker = _normalise(inline_name)
+            body = [inline_text] + body
         else:  # text after a stage direction continues the current speech
             if pending is not None:
                 speaker = pending
@@ -241,12 +242,10 @@ def windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, np.
         starts = [0]
     elif starts[-1] + seq_len < n - 1 and starts[-1] + stride < n - 1:
         starts.append(starts[-1] + stride)
-    x = np.full((len(starts), seq_len), PAD, dtype=np.int64)
-    y = np.full((len(starts), seq_len), PAD, dtype=np.int64)
-    for row, s in enumerate(starts):
-        chunk = ids[s:s + seq_len + 1]
-        x[row, :len(chunk) - 1] = chunk[:-1]
-        y[row, :len(chunk) - 1] = chunk[1:]
+    padded = np.concatenate([np.asarray(ids, dtype=np.int64), np.full(seq_len, PAD, dtype=np.int64)])
+    chunks = np.lib.stride_tricks.sliding_window_view(padded, seq_len + 1)[starts]
+    x, y = chunks[:, :-1].copy(), chunks[:, 1:].copy()
+    x[y == PAD] = PAD  # no input position without a target
     return x, y
 
 

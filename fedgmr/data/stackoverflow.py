@@ -226,7 +226,7 @@ def encode(users: UserExamples, vocab: list[str], seq_len: int) -> tuple[ArrayDa
             ids = ids[:seq_len]
             rows.append(ids + [PAD] * (seq_len - len(ids)))
         natural.append(np.arange(start, len(rows), dtype=np.int64))
-    seqs = torch.tensor(rows, dtype=torch.long).reshape(-1, seq_len)
+    seqs = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1, seq_len))
     return ArrayDataset(seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()), natural
 
 

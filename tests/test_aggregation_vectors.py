@@ -1,0 +1,242 @@
+"""Hand-computed aggregation vectors (TESTS.md: MA, FA, coverage, FedAsync; SPEC 4).
+
+Updates use the ``(mask, values-at-mask)`` format of :mod:`fedgmr.algorithm.aggregation`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedgmr.algorithm.aggregation import (
+    RULES,
+    average_buffers,
+    coverage_counts,
+    dense,
+    fedasync_mix,
+    gradient_average,
+    mask_aware_average,
+    zero_padded_average,
+)
+from fedgmr.algorithm.masks import coverage
+from fedgmr.algorithm.staleness import Polynomial, fedasync_alpha
+
+
+def _full_4x4() -> torch.Tensor:
+    return torch.ones(16, dtype=torch.bool)
+
+
+def _block_4x4() -> torch.Tensor:
+    """Width 0.5 of a 4x4 layer: the block [:2, :2], flattened row-major."""
+    m = torch.zeros(4, 4, dtype=torch.bool)
+    m[:2, :2] = True
+    return m.reshape(-1)
+
+
+def _update(mask: torch.Tensor, value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return mask, torch.full((int(mask.sum()),), value, dtype=torch.float32)
+
+
+def _ab_updates():
+    """Client A (full) returns 2s, client B (block [:2,:2]) returns 4s."""
+    return [_update(_full_4x4(), 2.0), _update(_block_4x4(), 4.0)]
+
+
+# ---------------------------------------------------------------------------- MA
+
+def test_ma_equal_weights_vector():
+    prev = torch.zeros(16)
+    out = mask_aware_average(prev, _ab_updates(), [1.0, 1.0]).view(4, 4)
+    expected = torch.full((4, 4), 2.0)
+    expected[:2, :2] = 3.0
+    assert torch.equal(out, expected)
+
+
+def test_ma_weighted_vector():
+    prev = torch.zeros(16)
+    out = mask_aware_average(prev, _ab_updates(), [1.0, 3.0]).view(4, 4)
+    expected = torch.full((4, 4), 2.0)
+    expected[:2, :2] = 3.5  # (1*2 + 3*4) / 4
+    assert torch.equal(out, expected)
+
+
+def test_ma_uncovered_element_keeps_previous_value():
+    prev = torch.arange(16, dtype=torch.float32) - 7.5  # nonzero everywhere
+    # only client B (block [:2,:2]) reports
+    out = mask_aware_average(prev, [_update(_block_4x4(), 4.0)], [1.0])
+    block = _block_4x4()
+    assert torch.equal(out[block], torch.full((4,), 4.0))
+    assert torch.equal(out[~block], prev[~block])
+    assert bool(torch.isfinite(out).all())
+    # the input is not modified in place
+    assert torch.equal(prev, torch.arange(16, dtype=torch.float32) - 7.5)
+
+
+def test_ma_no_updates_keeps_everything():
+    prev = torch.randn(16)
+    out = mask_aware_average(prev, [], [])
+    assert torch.equal(out, prev)
+
+
+def test_ma_zero_weight_client_counts_as_uncovered():
+    prev = torch.full((16,), -1.0)
+    out = mask_aware_average(prev, [_update(_block_4x4(), 4.0)], [0.0])
+    assert torch.equal(out, prev)
+
+
+def test_ma_rule_registered():
+    rule = RULES.get("ma")
+    assert rule.consumes == "model"
+    assert not rule.sequential
+    out = rule(torch.zeros(16), _ab_updates(), [1.0, 1.0]).view(4, 4)
+    assert out[0, 0] == 3.0 and out[3, 3] == 2.0
+
+
+# ---------------------------------------------------------------------------- FA
+
+def test_fa_zero_padded_vector():
+    prev = torch.full((16,), 123.0)  # FA ignores the previous model entirely
+    out = zero_padded_average(prev, _ab_updates(), [1.0, 1.0]).view(4, 4)
+    expected = torch.full((4, 4), 1.0)  # (2 + 0) / 2
+    expected[:2, :2] = 3.0  # (2 + 4) / 2
+    assert torch.equal(out, expected)
+    assert RULES.get("fa").consumes == "model"
+
+
+# ---------------------------------------------------------------------------- GA
+
+def test_ga_equal_weights_is_mean_of_masked_deltas_diluted():
+    prev = torch.arange(16, dtype=torch.float32)
+    # A's delta is +1 everywhere, B's delta is +3 on the block only
+    deltas = [_update(_full_4x4(), 1.0), _update(_block_4x4(), 3.0)]
+    out = gradient_average(prev, deltas, [1.0, 1.0])
+    block = _block_4x4()
+    expected = prev.clone()
+    expected[block] += (1.0 + 3.0) / 2  # 2
+    expected[~block] += (1.0 + 0.0) / 2  # 0.5: B's sparse delta dilutes (not MA)
+    assert torch.equal(out, expected)
+    # by definition: W + (1/C) sum_i dense(delta_i)
+    by_def = prev + (dense(*deltas[0]) + dense(*deltas[1])) / 2
+    assert torch.allclose(out, by_def, rtol=0, atol=0)
+    assert RULES.get("ga").consumes == "delta"
+
+
+def test_ga_weighted():
+    prev = torch.zeros(16)
+    deltas = [_update(_full_4x4(), 1.0), _update(_block_4x4(), 3.0)]
+    out = gradient_average(prev, deltas, [1.0, 3.0]).view(4, 4)
+    expected = torch.full((4, 4), 0.25)  # (1*1 + 3*0) / 4
+    expected[:2, :2] = 2.5  # (1*1 + 3*3) / 4
+    assert torch.equal(out, expected)
+
+
+def test_ga_no_updates_is_identity():
+    prev = torch.randn(16)
+    assert torch.equal(gradient_average(prev, [], []), prev)
+
+
+# ---------------------------------------------------------------------------- FedAsync
+
+def test_fedasync_alpha_vector():
+    # alpha = 0.6, polynomial a = 0.5, tau = 3: 0.6 * 4^-0.5 = 0.3
+    assert fedasync_alpha(0.6, Polynomial(0.5), 3) == pytest.approx(0.3, abs=1e-15)
+    assert fedasync_alpha(0.6, Polynomial(0.5), 0) == pytest.approx(0.6, abs=1e-15)
+
+
+def test_fedasync_mix_vector():
+    a = fedasync_alpha(0.6, Polynomial(0.5), 3)  # 0.3
+    prev = torch.full((16,), 1.0, dtype=torch.float64)
+    out = fedasync_mix(prev, [(_full_4x4(), torch.full((16,), 3.0, dtype=torch.float64))], [a])
+    # (1 - 0.3) * 1 + 0.3 * 3 = 1.6
+    assert torch.allclose(out, torch.full((16,), 1.6, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_fedasync_mix_partial_mask_moves_only_masked_coordinates():
+    prev = torch.full((16,), 1.0)
+    block = _block_4x4()
+    out = fedasync_mix(prev, [_update(block, 3.0)], [0.5])
+    assert torch.equal(out[block], torch.full((4,), 2.0))
+    assert torch.equal(out[~block], torch.full((12,), 1.0))
+
+
+def test_fedasync_mix_sequential_in_order():
+    prev = torch.zeros(16)
+    ups = [_update(_full_4x4(), 4.0), _update(_full_4x4(), 8.0)]
+    out = fedasync_mix(prev, ups, [0.5, 0.25])
+    # first: 0.5*0 + 0.5*4 = 2; then 0.75*2 + 0.25*8 = 3.5
+    assert torch.equal(out, torch.full((16,), 3.5))
+    assert RULES.get("fedasync").sequential
+
+
+def test_fedasync_mix_rejects_rate_outside_unit_interval():
+    with pytest.raises(ValueError):
+        fedasync_mix(torch.zeros(16), [_update(_full_4x4(), 1.0)], [1.5])
+
+
+# ---------------------------------------------------------------------------- coverage
+
+def _coverage_masks():
+    rows = [[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
+    return [torch.tensor(r, dtype=torch.bool) for r in rows]
+
+
+def test_coverage_vector():
+    masks = _coverage_masks()
+    gamma = coverage_counts(masks)
+    assert gamma.tolist() == [3, 2, 1, 1, 0, 0]
+    assert int(gamma.min()) == 0  # Gamma* = 0
+    assert coverage(masks).tolist() == [3, 2, 1, 1, 0, 0]
+
+
+def test_ma_leaves_uncovered_coverage_coordinates_unchanged():
+    masks = _coverage_masks()
+    prev = torch.tensor([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+    updates = [(m, torch.full((int(m.sum()),), float(i + 1))) for i, m in enumerate(masks)]
+    out = mask_aware_average(prev, updates, [1.0, 1.0, 1.0])
+    # coord 0: (1+2+3)/3 = 2; coord 1: (1+2)/2 = 1.5; coords 2,3: 1; coords 4,5 untouched
+    assert out.tolist() == [2.0, 1.5, 1.0, 1.0, 50.0, 60.0]
+
+
+# ---------------------------------------------------------------------------- validation
+
+def test_rules_reject_malformed_updates():
+    prev = torch.zeros(16)
+    bad_len = (_block_4x4(), torch.ones(5))
+    bad_shape = (torch.ones(15, dtype=torch.bool), torch.ones(15))
+    for fn in (mask_aware_average, gradient_average, zero_padded_average, fedasync_mix):
+        with pytest.raises(ValueError):
+            fn(prev, [bad_len], [1.0])
+        with pytest.raises(ValueError):
+            fn(prev, [bad_shape], [1.0])
+        with pytest.raises(ValueError):
+            fn(prev, [_update(_block_4x4(), 1.0)], [1.0, 1.0])
+    with pytest.raises(ValueError):
+        mask_aware_average(prev, [_update(_block_4x4(), 1.0)], [-1.0])
+
+
+# ---------------------------------------------------------------------------- buffers
+
+def test_average_buffers_float_weighted_int_max():
+    prev = {"bn.running_mean": torch.zeros(3), "bn.running_var": torch.ones(3),
+            "bn.num_batches_tracked": torch.tensor(0, dtype=torch.long)}
+    b1 = {"bn.running_mean": torch.tensor([1.0, 2.0, 3.0]), "bn.running_var": torch.tensor([2.0, 2.0, 2.0]),
+          "bn.num_batches_tracked": torch.tensor(5, dtype=torch.long)}
+    b2 = {"bn.running_mean": torch.tensor([5.0, 6.0, 7.0]), "bn.running_var": torch.tensor([4.0, 6.0, 10.0]),
+          "bn.num_batches_tracked": torch.tensor(9, dtype=torch.long)}
+    out = average_buffers([b1, b2], [1.0, 3.0], prev)
+    assert torch.equal(out["bn.running_mean"], torch.tensor([4.0, 5.0, 6.0]))  # (1*b1 + 3*b2) / 4
+    assert torch.equal(out["bn.running_var"], torch.tensor([3.5, 5.0, 8.0]))
+    assert out["bn.num_batches_tracked"].dtype == torch.long
+    assert int(out["bn.num_batches_tracked"]) == 9
+    assert out["bn.running_mean"].dtype == torch.float32
+
+
+def test_average_buffers_empty_and_zero_weights_keep_previous():
+    prev = {"m": torch.tensor([1.0, 2.0]), "n": torch.tensor(3, dtype=torch.long)}
+    out = average_buffers([], [], prev)
+    assert torch.equal(out["m"], prev["m"]) and out["m"] is not prev["m"]
+    out0 = average_buffers([{"m": torch.tensor([9.0, 9.0]), "n": torch.tensor(4)}], [0.0], prev)
+    assert torch.equal(out0["m"], prev["m"])
+    assert not any(math.isnan(v) for v in out0["m"].tolist())
