@@ -143,7 +143,7 @@ class RunConfig(_Section):
     checkpoint_every: int | None = Field(None, ge=1)
     executor: str = "serial"
     workers: int | None = Field(None, ge=1)
-    torch_threads: int | None = Field(None, ge=1)
+    torch_threads: int | None = Field(1, ge=1)
     t_star: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")

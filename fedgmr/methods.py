@@ -28,7 +28,7 @@ class Method:
 
 METHODS: Registry[Method] = Registry("method")
 
-_FULL_MODEL = {"submodel.policy": "full", "restoration.trigger": "none"}
+_FULL_MODEL = {"submodel.policy": "full", "restoration.trigger": "none", "network.ims": False}
 
 for _m in [
     Method("fedgmr", "FedGMR: masked sub-models, GMR, semi-async buffered MA aggregation, IMS"),

@@ -19,6 +19,8 @@ from fedgmr.errors import InvalidUpdateError
 MAGIC = b"FGMR"
 _HEADER = struct.Struct("<4sBBII")  # magic, format version, mask kind, N, k
 HEADER_BYTES = _HEADER.size
+#: largest model a payload may describe when the caller does not say what to expect
+MAX_NUMEL = 1 << 30
 _BITMASK, _INDICES, _DENSE = 0, 1, 2
 
 
@@ -66,6 +68,8 @@ def decode_sparse(data: bytes, expected_numel: int | None = None,
         raise InvalidUpdateError(f"payload is for {n} coordinates, the model has {expected_numel}")
     if k > n:
         raise InvalidUpdateError(f"payload claims {k} of {n} coordinates")
+    if expected_numel is None and n > MAX_NUMEL:
+        raise InvalidUpdateError(f"payload claims {n} coordinates, more than {MAX_NUMEL}; pass expected_numel")
     if kind == _DENSE and k != n:
         raise InvalidUpdateError("dense payload must hold every coordinate")
     mbytes = {_BITMASK: math.ceil(n / 8), _INDICES: 4 * k, _DENSE: 0}[kind]

@@ -117,7 +117,8 @@ class FixedTimeTrigger(RestorationTrigger):
         self.fired = 0
 
     def on_time(self, now: float) -> int:
-        due = sum(1 for t in self.times if t <= now)
+        eps = 1e-9 * max(1.0, self.times[-1] if self.times else 1.0)  # 0.2 * 3 = 0.6000000000000001
+        due = sum(1 for t in self.times if t <= now + eps)
         new = due - self.fired
         self.fired = due
         return max(new, 0)

@@ -145,8 +145,10 @@ class MaskedBufferedStrategy:
             raise InvalidUpdateError(f"values of shape {shape}; expected ({int(mask.sum())},)")
         if not bool(torch.isfinite(values).all()):
             raise InvalidUpdateError("values contain NaN or Inf")
-        if not reply.num_samples > 0:
-            raise InvalidUpdateError(f"num_samples must be > 0, got {reply.num_samples}")
+        ns = reply.num_samples
+        if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not math.isfinite(ns) or ns <= 0 \
+                or ns != int(ns):
+            raise InvalidUpdateError(f"num_samples must be a positive integer, got {ns!r}")
         buffers = {}
         for name, ref in self.buffers.items():
             b = reply.buffers.get(name)

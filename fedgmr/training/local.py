@@ -84,7 +84,8 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
         loss.backward()
         for p, m in grad_masks:
-            p.grad.mul_(m)
+            if p.grad is not None:  # a layer outside this forward pass has no gradient
+                p.grad.mul_(m)
         opt.step()
         total_loss += float(loss.detach())
     flat = space.flatten(model)

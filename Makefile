@@ -1,0 +1,34 @@
+# Set-up and everyday targets. Each target installs what it needs into .venv first.
+VENV   ?= .venv
+PYTHON ?= python3
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: setup demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@# a bare "torch" would pull a multi-GB CUDA build: take the CPU wheel when none is present
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	@$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+## make demo: FedGMR vs FedAvg vs FedGMR w/o GMR on digits; prints the compare table, writes demo-out/
+demo: $(STAMP)
+	$(VENV)/bin/fedgmr demo --out demo-out
+
+## make test: the whole test suite (integration tests on ../shared/data skip when it is absent)
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=10
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+bench: $(STAMP)
+	$(PY) benchmarks/sim_overhead.py
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache

@@ -1,0 +1,3 @@
+from fedgmr.cli import main
+
+main()

@@ -1,0 +1,154 @@
+"""The command line, exercised as a user would: subprocesses, real files on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_config
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
+
+
+def fedgmr(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True,
+                          env=env or ENV, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fedgmr {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def write_config(path: Path, **sections) -> Path:
+    path.write_text(yaml.safe_dump(tiny_config(**sections)))
+    return path
+
+
+def test_run_writes_the_run_directory(tmp_path: Path):
+    cfg = write_config(tmp_path / "tiny.yaml")
+    out = tmp_path / "run"
+    proc = fedgmr("run", str(cfg), "--out", str(out), "-q")
+    assert "final accuracy" in proc.stdout
+    resolved = yaml.safe_load((out / "config.yaml").read_text())
+    assert resolved["method"] == "fedgmr" and resolved["training"]["local_steps"] == 2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for key in ("time", "step", "accuracy", "loss", "avg_density", "bytes_up", "bytes_down"):
+        assert key in rows[-1]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("method", "final_accuracy", "time", "steps"):
+        assert key in summary
+    assert summary["steps"] == 30 and summary["final_accuracy"] == rows[-1]["accuracy"]
+    assert (out / "accuracy_density.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_seed_twice_gives_identical_metrics_files(tmp_path: Path):
+    cfg = write_config(tmp_path / "tiny.yaml")
+    fedgmr("run", str(cfg), "--out", str(tmp_path / "a"), "-q")
+    fedgmr("run", str(cfg), "--out", str(tmp_path / "b"), "-q")
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == (tmp_path / "b" / "metrics.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "trainingg.lr=0.1"], "unknown config key 'trainingg'"),
+    (["--set", "training.lrr=0.1"], "unknown config key 'training.lrr'"),
+    (["--set", "training.lr=-1"], "'training.lr'"),
+    (["--set", "data.partition=random"], "'data.partition'"),
+    (["--set", "method=nosuch"], "unknown method 'nosuch'"),
+    (["--set", "method=fedavg", "--set", "coordination.mode=semi_async"], "fixed to 'sync' by method 'fedavg'"),
+])
+def test_bad_key_or_value_is_one_line_and_exit_code_2(tmp_path: Path, args, needle):
+    cfg = write_config(tmp_path / "tiny.yaml")
+    proc = fedgmr("run", str(cfg), "--out", str(tmp_path / "x"), "-q", *args, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+
+
+def test_bad_key_in_the_config_file(tmp_path: Path):
+    raw = tiny_config()
+    raw["network"]["bandwidth"] = 3
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    proc = fedgmr("run", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "x"), check=False)
+    assert proc.returncode == 2 and "unknown config key 'network.bandwidth'" in proc.stderr
+
+
+def test_malformed_config_file(tmp_path: Path):
+    (tmp_path / "bad.yaml").write_text("data: [unclosed\n")
+    proc = fedgmr("run", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "x"), check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_set_method_switches_and_compare_reports(tmp_path: Path):
+    cfg = write_config(tmp_path / "tiny.yaml")
+    for m in ("fedgmr", "fedavg", "fedgmr_wo_gmr"):
+        fedgmr("run", str(cfg), "--out", str(tmp_path / m), "-q", "--set", f"method={m}")
+    assert yaml.safe_load((tmp_path / "fedavg" / "config.yaml").read_text())["coordination"]["mode"] == "sync"
+    dirs = [str(tmp_path / m) for m in ("fedgmr", "fedavg", "fedgmr_wo_gmr")]
+    table = fedgmr("compare", *dirs, "--t-star", "10").stdout
+    assert "Acc@t*" in table and "MRI of fedgmr over fedavg, fedgmr_wo_gmr" in table
+    data = json.loads(fedgmr("compare", *dirs, "--t-star", "10", "--json").stdout)
+    assert [r["method"] for r in data["runs"]] == ["fedgmr", "fedavg", "fedgmr_wo_gmr"]
+    assert isinstance(data["mri"], float)
+    png = tmp_path / "cmp.png"
+    fedgmr("plot", *dirs, "--out", str(png))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_refuses_to_overwrite_a_run(tmp_path: Path):
+    cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 4, "eval_every": 2})
+    fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q")
+    proc = fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q", check=False)
+    assert proc.returncode == 1 and "already holds a run" in proc.stderr
+    fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q", "--overwrite")
+
+
+def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path: Path):
+    cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 150, "eval_every": 2, "checkpoint_every": 10})
+    ref = tmp_path / "ref"
+    fedgmr("run", str(cfg), "--out", str(ref), "-q")
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "run", str(cfg), "--out", str(out), "-q"],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = out / "checkpoint" / "state.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if state.exists() and json.loads(state.read_text())["step"] >= 20:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists()
+    killed_at = json.loads(state.read_text())["step"]
+    assert killed_at < 150
+    fedgmr("run", "--resume", str(out), "-q")
+    assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
+    assert json.loads((out / "summary.json").read_text())["final_accuracy"] == \
+        json.loads((ref / "summary.json").read_text())["final_accuracy"]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path: Path):
+    cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 4, "eval_every": 2})
+    fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q")
+    proc = fedgmr("run", "--resume", str(tmp_path / "r"), check=False)
+    assert proc.returncode == 1 and "no checkpoint" in proc.stderr
+
+
+def test_quickstart_preset_runs_with_progress_bar(tmp_path: Path):
+    proc = fedgmr("run", "quickstart", "--out", str(tmp_path / "q"), "--set", "run.max_time=30",
+                  env={**ENV, "FEDGMR_PROGRESS": "1"})
+    assert "fedgmr" in proc.stdout and "step" in proc.stdout  # the progress line
+    assert json.loads((tmp_path / "q" / "summary.json").read_text())["method"] == "fedgmr"
+
+
+def test_methods_and_presets_are_listed():
+    assert "fedgmr_wo_gmr" in fedgmr("methods").stdout
+    assert "quickstart" in fedgmr("presets").stdout
