@@ -58,6 +58,39 @@ class TrainingConfig(_Section):
     loss: Literal["ce", "bce"] = "ce"
 
 
+class BaselineConfig(_Section):
+    """Options of the model-heterogeneous baselines (HeteroFL, FedRolex, FjORD, FIARSE).
+
+    width_rates: width rate per ladder level (HeteroFL/FedRolex/FjORD); None picks, per
+        level, the largest width whose sub-model holds at most the level's density.
+    scaler: HeteroFL/FedRolex scaler (activations / r in training, identity in eval).
+    static_bn: no BatchNorm statistics from clients; the server re-estimates them on its
+        validation split after every aggregation (every width for FjORD).
+    label_split: HeteroFL/FedRolex output-layer label split (clients train and upload only
+        the classifier rows of classes in their data).
+    p_values: FjORD's width grid; a tier samples the values below its p_max, and p_max.
+    distill: FjORD self-distillation from p_max.
+    threshold_scope: FIARSE thresholds: one ``global`` or one per top-level ``stage``.
+    server_lr: FIARSE server learning rate.
+    """
+
+    width_rates: list[float] | None = None
+    scaler: bool = True
+    static_bn: bool = True
+    label_split: bool = True
+    p_values: list[float] = Field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8, 1.0])
+    distill: bool = False
+    threshold_scope: Literal["global", "stage"] = "global"
+    server_lr: float = Field(1.0, gt=0)
+
+    @field_validator("width_rates", "p_values")
+    @classmethod
+    def _rates(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (not v or any(not 0 < r <= 1 for r in v) or v != sorted(set(v))):
+            raise ValueError("must be strictly increasing rates in (0, 1]")
+        return v
+
+
 class SubmodelConfig(_Section):
     """Sub-model policy and density ladder (SPEC 3)."""
 
@@ -66,6 +99,7 @@ class SubmodelConfig(_Section):
     layer_floor: float = Field(0.02, ge=0, le=1)
     cost_weighted: bool = False
     refresh_every: int | None = Field(None, ge=1)
+    baseline: BaselineConfig = Field(default_factory=BaselineConfig)
 
     @field_validator("ladder")
     @classmethod
@@ -144,6 +178,8 @@ class RunConfig(_Section):
     executor: str = "serial"
     workers: int | None = Field(None, ge=1)
     torch_threads: int | None = Field(1, ge=1)
+    #: Ray cluster to join (``"auto"`` or ``"HOST:PORT"``); None starts Ray locally
+    ray_address: str | None = None
     t_star: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")

@@ -50,6 +50,28 @@ for _m in [
 ]:
     METHODS.register(_m.name, _m)
 
+# Model-heterogeneous baselines (BASELINES.md): the original synchronous form, "+Aux" (the
+# semi-asynchronous buffered workflow with IMS where masks are nested) and "+Aux+GMR".
+_BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
+    "heterofl": ("HeteroFL: width-prefix sub-models, scaler, static BN, count-averaged, label split",
+                 {"submodel.policy": "heterofl", "aggregation.rule": "ma", "aggregation.weighting": "equal"}),
+    "fedrolex": ("FedRolex: rolling-window sub-models (one shift per round), count-averaged",
+                 {"submodel.policy": "fedrolex", "aggregation.rule": "ma", "aggregation.weighting": "equal"}),
+    "fjord": ("FjORD: ordered dropout (one width per batch), sample-weighted coverage averaging",
+              {"submodel.policy": "fjord", "aggregation.rule": "ma", "aggregation.weighting": "samples"}),
+    "fiarse": ("FIARSE: importance-aware threshold masks, threshold-controlled gradient, non-zero delta average",
+               {"submodel.policy": "fiarse", "aggregation.rule": "fiarse", "aggregation.weighting": "equal"}),
+}
+_SYNC = {"coordination.mode": "sync", "aggregation.buffer": False, "aggregation.staleness.kind": "constant",
+         "restoration.trigger": "none", "network.ims": False}
+_AUX = {"coordination.mode": "semi_async", "aggregation.buffer": True, "network.ims": True}
+for _name, (_desc, _fixed) in _BASELINES.items():
+    METHODS.register(_name, Method(_name, _desc + " (synchronous, as published)", {**_fixed, **_SYNC}))
+    METHODS.register(f"{_name}_aux", Method(f"{_name}_aux", _desc + " + Aux (semi-async, buffer, IMS)",
+                                            {**_fixed, **_AUX, "restoration.trigger": "none"}))
+    METHODS.register(f"{_name}_aux_gmr", Method(f"{_name}_aux_gmr", _desc + " + Aux + GMR restoration",
+                                                {**_fixed, **_AUX, "restoration.trigger": "early_stopping"}))
+
 
 def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None) -> ExperimentConfig:
     """Apply the chosen method's fixed settings to a raw config dict and validate it.

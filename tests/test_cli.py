@@ -152,3 +152,17 @@ def test_quickstart_preset_runs_with_progress_bar(tmp_path: Path):
 def test_methods_and_presets_are_listed():
     assert "fedgmr_wo_gmr" in fedgmr("methods").stdout
     assert "quickstart" in fedgmr("presets").stdout
+
+
+def test_custom_experiment_example_runs():
+    script = Path(__file__).resolve().parents[1] / "examples" / "custom_experiment.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "step  60" in proc.stdout and "final densities" in proc.stdout
+
+
+def test_toml_config_is_accepted(tmp_path: Path):
+    (tmp_path / "tiny.toml").write_text(
+        'method = "fedgmr_wo_gmr"\n[model]\nname = "mlp"\n[run]\nmax_steps = 4\neval_every = 2\n')
+    fedgmr("run", str(tmp_path / "tiny.toml"), "--out", str(tmp_path / "r"), "-q")
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 4

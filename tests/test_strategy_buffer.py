@@ -81,7 +81,7 @@ def test_buffer_keeps_latest_update_and_reuses_it_with_decaying_weight():
     expected = torch.where(m1, torch.tensor(2.5), torch.tensor(1.0))  # (10*1 + 30*3) / 40
     assert torch.equal(st.params, expected)
     assert st.arrivals == []
-    assert r1.min_coverage == 1
+    assert st.min_coverage() == 1
 
     # client 0 replaces its buffered update; client 1's old one is reused with tau = 1
     a0 = st.assign(0)
@@ -150,7 +150,7 @@ def test_arrivals_only_uses_only_new_arrivals():
 
     before = st.params.clone()
     r3 = st.aggregate()
-    assert r3.used == [] and r3.weights == [] and r3.min_coverage == 0
+    assert r3.used == [] and r3.weights == [] and st.min_coverage() == 0
     assert torch.equal(st.params, before)
 
 

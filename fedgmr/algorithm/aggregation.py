@@ -13,6 +13,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from fedgmr.algorithm.maskinfo import mask_count, mask_indices
 from fedgmr.registry import Registry
 
 Update = tuple[torch.Tensor, torch.Tensor]  # (bool mask over N, values at mask)
@@ -31,25 +32,45 @@ def _check(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[
     for mask, values in updates:
         if mask.shape != previous.shape:
             raise ValueError(f"mask shape {tuple(mask.shape)} != model shape {tuple(previous.shape)}")
-        if values.numel() != int(mask.sum()):
-            raise ValueError(f"{values.numel()} values for a mask of {int(mask.sum())} coordinates")
+        if values.numel() != mask_count(mask):
+            raise ValueError(f"{values.numel()} values for a mask of {mask_count(mask)} coordinates")
     if any(w < 0 for w in weights):
         raise ValueError("aggregation weights must be >= 0")
+
+
+def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequence[float],
+                  coverage: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sum_i w_i * dense(update_i) (and sum_i w_i * m_i when ``coverage``).
+
+    Sparse updates are added through their (cached) index lists and full ones directly,
+    so the cost follows the number of kept coordinates, not the model size per update.
+    Accumulates in float64 only for vectors up to 2**20 entries, float32 beyond.
+    """
+    dtype = torch.float64 if shape.numel() <= (1 << 20) else torch.float32
+    acc = torch.zeros(shape, dtype=dtype)
+    den = torch.zeros(shape, dtype=dtype) if coverage else None
+    for (mask, values), w in zip(updates, weights):
+        vals = values.to(dtype)
+        if mask_count(mask) == mask.numel():
+            acc.add_(vals, alpha=w)
+            if den is not None:
+                den.add_(w)
+        else:
+            idx = mask_indices(mask)
+            acc.index_add_(0, idx, vals, alpha=w)
+            if den is not None:
+                den.index_add_(0, idx, torch.full_like(vals, w))
+    return acc, den
 
 
 def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
     """MA ("MaskFedAvg"): each coordinate is the weighted average over the clients that
     cover it; a coordinate nobody covers keeps its previous value."""
     _check(previous, updates, weights)
-    num = torch.zeros_like(previous, dtype=torch.float64)
-    den = torch.zeros_like(previous, dtype=torch.float64)
-    for (mask, values), w in zip(updates, weights):
-        num[mask] += w * values.double()
-        den[mask] += w
+    num, den = _weighted_sum(previous.shape, updates, weights, coverage=True)
+    assert den is not None
     covered = den > 0
-    out = previous.clone()
-    out[covered] = (num[covered] / den[covered]).to(previous.dtype)
-    return out
+    return torch.where(covered, num / den.clamp_min(1e-30), previous.to(num.dtype)).to(previous.dtype)
 
 
 def gradient_average(previous: torch.Tensor, deltas: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
@@ -58,10 +79,8 @@ def gradient_average(previous: torch.Tensor, deltas: Sequence[Update], weights: 
     total = float(sum(weights))
     if total <= 0:
         return previous.clone()
-    acc = torch.zeros_like(previous, dtype=torch.float64)
-    for (mask, values), w in zip(deltas, weights):
-        acc[mask] += w * values.double()
-    return (previous.double() + acc / total).to(previous.dtype)
+    acc, _ = _weighted_sum(previous.shape, deltas, weights)
+    return (previous.to(acc.dtype) + acc / total).to(previous.dtype)
 
 
 def zero_padded_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
@@ -73,9 +92,7 @@ def zero_padded_average(previous: torch.Tensor, updates: Sequence[Update], weigh
     total = float(sum(weights))
     if total <= 0:
         return previous.clone()
-    acc = torch.zeros_like(previous, dtype=torch.float64)
-    for (mask, values), w in zip(updates, weights):
-        acc[mask] += w * values.double()
+    acc, _ = _weighted_sum(previous.shape, updates, weights)
     return (acc / total).to(previous.dtype)
 
 
@@ -87,13 +104,50 @@ def fedasync_mix(previous: torch.Tensor, updates: Sequence[Update], weights: Seq
     for (mask, values), a in zip(updates, weights):
         if not 0.0 <= a <= 1.0:
             raise ValueError(f"FedAsync mixing weight must be in [0, 1], got {a}")
-        out[mask] = (1.0 - a) * out[mask] + a * values.to(out.dtype)
+        if mask_count(mask) == mask.numel():
+            out.mul_(1.0 - a).add_(values.to(out.dtype), alpha=a)
+        else:
+            idx = mask_indices(mask)
+            out.index_copy_(0, idx, (1.0 - a) * out.index_select(0, idx) + a * values.to(out.dtype))
     return out
 
 
+def nonzero_delta_average(previous: torch.Tensor, deltas: Sequence[Update], weights: Sequence[float],
+                          server_lr: float = 1.0) -> torch.Tensor:
+    """FIARSE: ``W + lr * avg_i delta_i`` per coordinate over the clients whose delta there
+    is non-zero (weighted by their weights); coordinates nobody changed keep their value."""
+    _check(previous, deltas, weights)
+    num = torch.zeros_like(previous, dtype=torch.float64)
+    den = torch.zeros_like(previous, dtype=torch.float64)
+    for (mask, values), w in zip(deltas, weights):
+        nz = values != 0
+        idx = mask.nonzero().view(-1)[nz]
+        num[idx] += w * values[nz].double()
+        den[idx] += w
+    out = previous.clone()
+    moved = den > 0
+    out[moved] = (previous[moved].double() + server_lr * num[moved] / den[moved]).to(previous.dtype)
+    return out
+
+
+def fiarse_rule(server_lr: float = 1.0) -> "AggregationRule":
+    """The FIARSE rule with a server learning rate."""
+    if server_lr <= 0:
+        raise ValueError(f"server learning rate must be > 0, got {server_lr}")
+    return AggregationRule("fiarse", "delta",
+                           lambda prev, ups, ws: nonzero_delta_average(prev, ups, ws, server_lr))
+
+
 def coverage_counts(masks: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Gamma(n) = number of masks holding coordinate n."""
-    return torch.stack([m.to(torch.int32) for m in masks]).sum(0)
+    """Gamma(n) = number of masks holding coordinate n (shared mask objects counted once
+    and multiplied, so clients on one level cost one pass)."""
+    groups: dict[int, list] = {}
+    for m in masks:
+        groups.setdefault(id(m), [m, 0])[1] += 1
+    out = torch.zeros(masks[0].shape, dtype=torch.int32) if masks else torch.zeros(0, dtype=torch.int32)
+    for m, k in groups.values():
+        out.add_(m.to(torch.int32), alpha=k)
+    return out
 
 
 def average_buffers(buffers: Sequence[dict[str, torch.Tensor]], weights: Sequence[float],
@@ -133,3 +187,4 @@ RULES.register("ma", AggregationRule("ma", "model", mask_aware_average))
 RULES.register("ga", AggregationRule("ga", "delta", gradient_average))
 RULES.register("fa", AggregationRule("fa", "model", zero_padded_average))
 RULES.register("fedasync", AggregationRule("fedasync", "model", fedasync_mix, sequential=True))
+RULES.register("fiarse", fiarse_rule(1.0))

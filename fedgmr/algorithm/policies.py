@@ -38,8 +38,14 @@ class SubmodelPolicy(ABC):
         return False
 
     def increments(self) -> list[torch.Tensor]:
-        """IMS blocks: base mask plus the increment of every further level."""
-        return ims_increments([self.mask(l) for l in range(len(self.ladder))])
+        """IMS blocks: base mask plus the increment of every further level (cached
+        until the level masks change)."""
+        masks = [self.mask(l) for l in range(len(self.ladder))]
+        key = tuple(id(m) for m in masks)
+        cached = getattr(self, "_increments", None)
+        if cached is None or cached[0] != key:
+            self._increments = (key, masks, ims_increments(masks))  # masks kept alive: ids stay valid
+        return self._increments[2]
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """(JSON-able state, tensors) for checkpoints."""

@@ -3,7 +3,7 @@
 from fedgmr.data.base import ArrayDataset, FederatedData
 from fedgmr.data.partition import Partition, dirichlet_partition, iid_partition, make_partition
 from fedgmr.data.registry import DATASETS, load_dataset
-from fedgmr.data import digits as _digits, idx as _idx  # noqa: F401  (register loaders)
+from fedgmr.data import digits as _digits, idx as _idx, synthetic as _synthetic  # noqa: F401
 from fedgmr.data import cifar as _cifar  # noqa: F401
 from fedgmr.data import femnist as _femnist  # noqa: F401
 from fedgmr.data import imagenet as _imagenet  # noqa: F401

@@ -10,17 +10,21 @@ from fedgmr.data.registry import DATASETS
 
 
 @DATASETS.register("digits")
-def load_digits(root: str | None = None, test_fraction: float = 0.2, seed: int = 0) -> FederatedData:
+def load_digits(root: str | None = None, test_fraction: float = 0.2, seed: int = 0,
+                image_size: int = 8) -> FederatedData:
     """1,797 8x8 grey digits (10 classes), scaled to [0, 1], shape (1, 8, 8).
 
     ``root`` is ignored (the data ships with scikit-learn). The test split is a fixed,
-    stratified ``test_fraction`` of the samples chosen with ``seed``.
+    stratified ``test_fraction`` of the samples chosen with ``seed``. ``image_size``
+    resamples the images (bilinear), e.g. 28 to run MNIST-sized models such as Conv-2.
     """
     from sklearn.datasets import load_digits as _load
 
     bunch = _load()
     x = torch.tensor(bunch.images / 16.0, dtype=torch.float32).unsqueeze(1)
     y = torch.tensor(bunch.target, dtype=torch.long)
+    if image_size != 8:
+        x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
     rng = np.random.default_rng(seed)
     test_idx: list[int] = []
     for c in range(10):

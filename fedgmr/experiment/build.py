@@ -18,12 +18,14 @@ from fedgmr.algorithm.policies import POLICIES, FullModelPolicy, MagnitudePolicy
 from fedgmr.algorithm.restoration import (DensityLadder, EarlyStoppingTrigger, FixedTimeTrigger, NoTrigger,
                                           RestorationTrigger)
 from fedgmr.algorithm.staleness import make_staleness
+from fedgmr.baselines import hooks as baseline_hooks
 from fedgmr.config import ExperimentConfig
 from fedgmr.data import FederatedData, Partition, load_dataset, make_partition
 from fedgmr.errors import ConfigError
 from fedgmr.models import build_model
 from fedgmr.registry import Registry
 from fedgmr.sim.executor import ClientWorkload, Executor, SerialExecutor
+from fedgmr.sim.executors import make_process_executor, make_ray_executor
 from fedgmr.sim.network import Network, tier_densities
 from fedgmr.sim.simulator import ComputeModel, Coordination, Simulator
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
@@ -33,6 +35,8 @@ from fedgmr.training.local import TrainSettings
 #: executors by name: ``factory(workload, config) -> Executor``
 EXECUTORS: Registry[Callable[[ClientWorkload, ExperimentConfig], Executor]] = Registry("executor")
 EXECUTORS.register("serial", lambda workload, cfg: SerialExecutor(workload))
+EXECUTORS.register("process", make_process_executor)
+EXECUTORS.register("ray", make_ray_executor)
 
 
 @dataclass
@@ -91,9 +95,11 @@ def _partition(cfg: ExperimentConfig, data: FederatedData, rng: np.random.Genera
 
 
 def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, model: nn.Module,
-            example: torch.Tensor) -> SubmodelPolicy:
+            example: torch.Tensor, width_builder: Callable[[float], nn.Module] | None = None) -> SubmodelPolicy:
     name = cfg.submodel.policy
     factory = POLICIES.get(name)
+    if hasattr(factory, "from_config"):  # structured baseline policies (fedgmr.baselines)
+        return factory.from_config(space, params, model, cfg, width_builder)
     if factory is FullModelPolicy:
         return FullModelPolicy(space)
     if factory is MagnitudePolicy:
@@ -129,17 +135,24 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     n = cfg.clients.num_clients
     tiers = tier_densities(cfg.clients.heterogeneity, n)
     example = data.train.x[:1]
-    policy = _policy(cfg, space, params, model, example)
+    policy = _policy(cfg, space, params, model, example, baseline_hooks.width_builder(cfg, data))
+    baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory)
     if isinstance(policy, FullModelPolicy):
         ladder = DensityLadder((1.0,), [0] * n)
     else:
         ladder = DensityLadder.from_densities(cfg.submodel.ladder, tiers)
+        if baseline is not None:
+            ladder = baseline.ladder(ladder)
     agg = cfg.aggregation
-    strategy = MaskedBufferedStrategy(
-        space, params, buffers, policy, ladder, RULES.get(agg.rule),
+    rule = RULES.get(agg.rule)
+    if baseline is not None and baseline.rule is not None:
+        rule = baseline.rule
+    strategy_cls = baseline.strategy_cls if baseline is not None else MaskedBufferedStrategy
+    strategy = strategy_cls(
+        space, params, buffers, policy, ladder, rule,
         make_staleness(agg.staleness.kind, agg.staleness.a, agg.staleness.b), agg.weighting, agg.buffer,
         agg.max_staleness, agg.fedasync_alpha, _trigger(cfg), cfg.restoration.per_client_patience,
-        cfg.restoration.min_delta,
+        cfg.restoration.min_delta, **(baseline.strategy_kwargs if baseline is not None else {}),
     )
     settings = TrainSettings(cfg.training.lr, cfg.training.momentum, cfg.training.weight_decay,
                              cfg.training.batch_size, cfg.training.local_steps, cfg.training.loss,
@@ -147,7 +160,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     x, y = data.train.x, data.train.y
     client_data = [(x[idx], y[idx]) for idx in partition.clients]
     client_val = [(x[idx], y[idx]) for idx in partition.client_val]
-    workload = ClientWorkload(factory, client_data, client_val, settings)
+    workload = ClientWorkload(factory, client_data, client_val, settings,
+                              trainer=baseline.trainer if baseline is not None else None)
     executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)
 
     eval_model = factory()
@@ -182,7 +196,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     if net.model_size_mb is not None:
         byte_scale = net.model_size_mb * 1e6 / encoded_nbytes(space.numel, space.numel)
     check = cfg.restoration.check_interval
-    sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
+    sim_cls = baseline.simulator_cls if baseline is not None else Simulator
+    sim = sim_cls(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
                     cfg.run.eval_every, check, byte_scale, cfg.data.client_val_fraction > 0
                     and cfg.restoration.per_client_patience is not None, on_record)
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

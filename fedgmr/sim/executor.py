@@ -14,8 +14,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from fedgmr.algorithm.maskinfo import gather
 from fedgmr.algorithm.params import ParamSpace
-from fedgmr.training.local import TrainSettings, masked_local_training
+from fedgmr.training.local import TrainOutcome, TrainSettings, masked_local_training
 
 
 @dataclass(frozen=True)
@@ -45,29 +46,47 @@ class JobResult:
     val_score: float | None
 
 
+class ClientTrainer(Protocol):
+    """A pluggable client procedure (the baselines' trainers): called as
+    ``trainer(workload, job, x, y, val)``, returns a :class:`TrainOutcome` whose ``params``
+    is the full flat vector, zero outside ``job.mask``. Must be picklable."""
+
+    def __call__(self, workload: "ClientWorkload", job: TrainJob, x: torch.Tensor, y: torch.Tensor,
+                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome: ...
+
+
 class ClientWorkload:
     """The client side of a simulation: each client's data and one model instance to
     train on (reused for every job; only its parameters change)."""
 
     def __init__(self, model_factory: Callable[[], nn.Module], client_data: list[tuple[torch.Tensor, torch.Tensor]],
-                 client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings) -> None:
+                 client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
+                 trainer: "ClientTrainer | None" = None) -> None:
         self.model = model_factory()
+        #: a method's own client procedure (baselines); None = masked local training
+        self.trainer = trainer
         self.space = ParamSpace(self.model)
         self.client_data = client_data
         self.client_val = client_val
         self.settings = settings
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                                         weight_decay=settings.weight_decay)
 
     def run(self, job: TrainJob) -> JobResult:
         x, y = self.client_data[job.client_id]
         val = self.client_val[job.client_id] if job.validate else None
-        out = masked_local_training(self.model, self.space, job.start, job.buffers, job.mask, x, y,
-                                    self.settings, job.seed, val)
-        flat = out.params
-        if job.kind == "delta":
-            start = job.start if job.mask is None else job.start * job.mask
-            flat = flat - start
-        values = flat if job.mask is None else flat[job.mask]
-        return JobResult(job.client_id, job.version, values.clone(), out.buffers, out.num_samples,
+        if getattr(self, "trainer", None) is not None:
+            out = self.trainer(self, job, x, y, val)
+        else:
+            out = masked_local_training(self.model, self.space, job.start, job.buffers, job.mask, x, y,
+                                        self.settings, job.seed, val, self.optimizer)
+        if job.mask is None:
+            values = out.params - job.start if job.kind == "delta" else out.params
+        else:
+            values = gather(out.params, job.mask)
+            if job.kind == "delta":
+                values = values - gather(job.start, job.mask)
+        return JobResult(job.client_id, job.version, values, out.buffers, out.num_samples,
                          out.loss, out.val_score)
 
 

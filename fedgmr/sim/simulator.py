@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fedgmr.algorithm.encoding import encoded_nbytes
+from fedgmr.algorithm.maskinfo import mask_count
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.sim.executor import Executor, JobHandle, JobResult, TrainJob, job_seed
 from fedgmr.sim.network import Network
@@ -148,7 +149,7 @@ class Simulator:
         self.records = 0
         self.started = False
         self._last_eval_step = -1
-        self.last_step_stats: dict[str, float] = {"staleness_mean": 0.0, "min_coverage": 0, "used": 0}
+        self.last_step_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
 
     # ------------------------------------------------------------------ helpers
     def _push(self, time: float, kind: str, client: int = -1, data: float = 0.0) -> None:
@@ -168,30 +169,30 @@ class Simulator:
             return
         clients = sorted(clients)
         assignments = [self.strategy.assign(c) for c in clients]
-        start = self.strategy.params.clone()
-        buffers = {k: v.clone() for k, v in self.strategy.buffers.items()}
+        start = self.strategy.params  # replaced by each aggregation, never mutated: no copy
+        buffers = self.strategy.buffers
         # payload blocks: with IMS, level blocks shared by the wave; else one per client
         blocks: list[list[int]] = []
         block_bytes: list[float] = []
         if self.coord.ims and self.strategy.policy.nested:
             incs = self.strategy.policy.increments()
-            block_bytes = [self._payload(int(b.sum())) for b in incs]
+            block_bytes = [self._payload(mask_count(b)) for b in incs]
             blocks = [list(range(a.level + 1)) for a in assignments]
         else:
             for a in assignments:
                 blocks.append([len(block_bytes)])
-                block_bytes.append(self._payload(int(a.mask.sum())))
+                block_bytes.append(self._payload(mask_count(a.mask)))
         self.bytes_down += sum(block_bytes[b] for b in sorted({b for bl in blocks for b in bl}))
         finish = self.network.download_wave(self.now, clients, blocks, block_bytes)
         top = max(a.density for a in assignments)
         for a in assignments:
             c = a.client_id
-            full_mask = bool(a.mask.all())
+            full_mask = mask_count(a.mask) == a.mask.numel()
             job = TrainJob(c, a.version, job_seed(self.seed, c, self.dispatches[c]), start, buffers,
                            None if full_mask else a.mask, a.consumes, self.client_validation)
             self.dispatches[c] += 1
             handle = self.executor.submit(job)
-            up_bytes = self._payload(int(a.mask.sum()))
+            up_bytes = self._payload(mask_count(a.mask))
             train_done = finish[c] + self.compute.time(c, None if full_mask else a.mask)
             expected = train_done + up_bytes / self.network.up[c]
             self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, expected, a.density >= top)
@@ -273,7 +274,7 @@ class Simulator:
         self._push(self.now + self.coord.server_time, "server_free")
         self.last_step_stats = {
             "staleness_mean": sum(report.staleness) / len(report.staleness) if report.staleness else 0.0,
-            "min_coverage": report.min_coverage, "used": len(report.used),
+            "used": len(report.used),
         }
 
     def _on_server_free(self) -> None:
@@ -307,7 +308,7 @@ class Simulator:
             "densities": dens, "val_accuracy": val_score, "restored": list(moved),
             "restorations": self.strategy.ladder.restorations,
             "staleness_mean": self.last_step_stats["staleness_mean"],
-            "min_coverage": self.last_step_stats["min_coverage"],
+            "min_coverage": self.strategy.min_coverage(),
             "rejected": self.strategy.rejected,
         }
         self.records += 1

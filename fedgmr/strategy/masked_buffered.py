@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fedgmr.algorithm.aggregation import AggregationRule, average_buffers, coverage_counts
+from fedgmr.algorithm.maskinfo import mask_count
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
@@ -84,6 +85,7 @@ class MaskedBufferedStrategy:
         self._buffer: dict[int, _Entry] = {}
         self._arrivals: list[int] = []
         self._pending: dict[int, _Entry] = {}
+        self._last_used_masks: list[torch.Tensor] = []
         self.rejected = 0
 
     # ------------------------------------------------------------------ dispatch
@@ -140,9 +142,10 @@ class MaskedBufferedStrategy:
                 raise InvalidUpdateError(f"{int(outside.sum())} coordinates outside the client's mask")
             mask = reply.mask
         values = reply.values
-        if not isinstance(values, torch.Tensor) or values.ndim != 1 or values.numel() != int(mask.sum()):
+        kept = mask_count(mask)
+        if not isinstance(values, torch.Tensor) or values.ndim != 1 or values.numel() != kept:
             shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
-            raise InvalidUpdateError(f"values of shape {shape}; expected ({int(mask.sum())},)")
+            raise InvalidUpdateError(f"values of shape {shape}; expected ({kept},)")
         if not bool(torch.isfinite(values).all()):
             raise InvalidUpdateError("values contain NaN or Inf")
         ns = reply.num_samples
@@ -188,19 +191,27 @@ class MaskedBufferedStrategy:
         if self.use_buffer and self.max_staleness is not None:
             for cid in [c for c, e in self._buffer.items() if self.version - e.version > self.max_staleness]:
                 del self._buffer[cid]
-        min_cov = 0
         if used:
             updates = [(e.mask, e.values) for e in used]
+            # rules return a new tensor: params are replaced, never mutated in place, so
+            # in-flight jobs may share the old vector without copying it
             self.params = self.rule(self.params, updates, weights)
             buf_w = [w if not self.rule.sequential else 1.0 for w in weights]
             self.buffers = average_buffers([e.buffers for e in used], buf_w, self.buffers)
-            min_cov = int(coverage_counts([e.mask for e in used]).min())
+        self._last_used_masks = [e.mask for e in used]
         self.version += 1
         self.policy.refresh(self.version, self.params)
-        report = StepReport(self.version, [e.client_id for e in used], taus, weights, min_cov, self.rejected)
+        report = StepReport(self.version, [e.client_id for e in used], taus, weights, self.rejected)
         self._arrivals.clear()
         self._pending.clear()
         return report
+
+    def min_coverage(self) -> int:
+        """Minimum coverage index Gamma* of the last aggregation (0 when some coordinate
+        was covered by no update)."""
+        if not self._last_used_masks:
+            return 0
+        return int(coverage_counts(self._last_used_masks).min())
 
     # ------------------------------------------------------------------ restoration
     def on_validation(self, score: float) -> list[int]:

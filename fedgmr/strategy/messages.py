@@ -48,5 +48,4 @@ class StepReport:
     used: list[int]
     staleness: list[int]
     weights: list[float]
-    min_coverage: int
     rejected_total: int

@@ -8,6 +8,7 @@ weight-decay term and a zero momentum buffer). Buffers are trained normally, nev
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,32 @@ import torch.nn as nn
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.training.evaluate import evaluate
 from fedgmr.training.losses import task_loss
+
+
+_PLANS: dict[int, tuple[weakref.ref, int, list[tuple[str, torch.Tensor]]]] = {}
+
+
+def _grad_mask_plan(space: ParamSpace, mask: torch.Tensor | None) -> list[tuple[str, torch.Tensor]]:
+    """Per-parameter float masks for the partly masked parameters of ``mask``.
+
+    Level masks are shared by many jobs, so the plan is cached per mask object (by
+    identity, with a weak reference so replaced masks are forgotten).
+    """
+    if mask is None:
+        return []
+    hit = _PLANS.get(id(mask))
+    if hit is not None and hit[0]() is mask and hit[1] == id(space):
+        return hit[2]
+    plan = []
+    for info in space.params:
+        m = mask[info.slice]
+        if not bool(m.all()):
+            plan.append((info.name, m.view(info.shape).to(torch.float32)))
+    if len(_PLANS) > 256:
+        for key in [k for k, v in _PLANS.items() if v[0]() is None]:
+            del _PLANS[key]
+    _PLANS[id(mask)] = (weakref.ref(mask), id(space), plan)
+    return plan
 
 
 @dataclass(frozen=True)
@@ -47,10 +74,12 @@ class TrainOutcome:
 def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tensor,
                           buffers: dict[str, torch.Tensor], mask: torch.Tensor | None,
                           x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, seed: int,
-                          val: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainOutcome:
+                          val: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          optimizer: torch.optim.SGD | None = None) -> TrainOutcome:
     """Train ``model`` from ``start * mask`` on ``(x, y)``; deterministic for ``seed``.
 
-    ``mask=None`` trains the full model. Batches are drawn without replacement from a
+    ``mask=None`` trains the full model. Pass ``optimizer`` (an SGD over ``model``'s
+    parameters) to reuse it across jobs; its state (momentum) is reset for every job. Batches are drawn without replacement from a
     permutation seeded by ``seed``, reshuffled each pass over the data.
     """
     if len(y) == 0:
@@ -59,40 +88,42 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     space.load(model, init)
     set_buffers(model, buffers)
     params = dict(model.named_parameters())
-    grad_masks: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if mask is not None:
-        for info in space.params:
-            m = mask[info.slice]
-            if not bool(m.all()):
-                grad_masks.append((params[info.name], m.view(info.shape).to(params[info.name].dtype)))
-    opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                          weight_decay=settings.weight_decay)
+    grad_masks = [(params[name], m) for name, m in _grad_mask_plan(space, mask)]
+    if optimizer is None:
+        opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                              weight_decay=settings.weight_decay)
+    else:
+        opt = optimizer
+        opt.state.clear()  # no momentum carried between jobs
+        for group in opt.param_groups:
+            group.update(lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(int(seed))
     n = len(y)
     bs = min(settings.batch_size, n)
     perm = torch.randperm(n, generator=gen)
     pos = 0
     model.train()
-    total_loss = 0.0
+    total_loss = torch.zeros(())
     for _ in range(settings.local_steps):
         if pos + bs > n:
             perm = torch.randperm(n, generator=gen)
             pos = 0
         idx = perm[pos:pos + bs]
         pos += bs
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=True)
         loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
         loss.backward()
         for p, m in grad_masks:
             if p.grad is not None:  # a layer outside this forward pass has no gradient
                 p.grad.mul_(m)
         opt.step()
-        total_loss += float(loss.detach())
+        total_loss += loss.detach()
+    with torch.no_grad():
+        for p, m in grad_masks:
+            p.mul_(m)  # exact zeros (also clears -0.0 and any optimiser round-off)
     flat = space.flatten(model)
-    if mask is not None:
-        flat = flat * mask  # exact zeros (also clears -0.0 and any optimiser round-off)
     val_score = None
     if val is not None and len(val[1]) > 0:
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
-    return TrainOutcome(flat, get_buffers(model), total_loss / max(settings.local_steps, 1),
+    return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(settings.local_steps, 1),
                         settings.local_steps * bs, val_score)

@@ -1,0 +1,109 @@
+"""Server-side pieces of the baselines: label split, static BatchNorm statistics and
+structured payload sizes, as thin extensions of the shared strategy and simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from fedgmr.algorithm.params import ParamSpace, get_buffers
+from fedgmr.baselines.structure import WidthStructure
+from fedgmr.baselines.wire import structured_nbytes
+from fedgmr.models.scaler import has_batch_norm, recompute_bn_stats
+from fedgmr.sim.simulator import Simulator
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.strategy.messages import Reply, StepReport
+
+
+def label_keep_masks(space: ParamSpace, client_labels: Sequence[torch.Tensor], num_classes: int) -> list[torch.Tensor]:
+    """Per client, a mask over the flat vector that drops the output layer's rows (and
+    bias entries) of the classes absent from the client's data."""
+    out_params = [p for p in space.params if p.name.startswith(f"{space.output_layer}.") and p.shape[0] == num_classes]
+    masks = []
+    for labels in client_labels:
+        present = torch.zeros(num_classes, dtype=torch.bool)
+        present[torch.unique(labels.long())] = True
+        keep = torch.ones(space.numel, dtype=torch.bool)
+        for p in out_params:
+            rows = present.view(-1, *([1] * (len(p.shape) - 1))).expand(p.shape)
+            keep[p.slice] = rows.reshape(-1)
+        masks.append(keep)
+    return masks
+
+
+class BNStatistics:
+    """The server's static-BatchNorm pass: after each aggregation, one pass over ``x``
+    (the server's validation split) re-estimates the global model's running statistics
+    (cumulative average). With ``widths`` (FjORD) it also keeps statistics for every
+    width sub-model (shared affine parameters, separate statistics), by list position."""
+
+    def __init__(self, model: nn.Module, space: ParamSpace, x: torch.Tensor, batch_size: int = 256,
+                 structure: WidthStructure | None = None, widths: Sequence[float] = ()) -> None:
+        self.model, self.space, self.x, self.batch_size = model, space, x, batch_size
+        self.structure = structure
+        self.widths = list(widths)
+        self.width_buffers: list[dict[str, torch.Tensor]] = []
+
+    def _batches(self) -> list[torch.Tensor]:
+        return [self.x[i:i + self.batch_size] for i in range(0, len(self.x), self.batch_size)]
+
+    def __call__(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.space.load(self.model, params)
+        recompute_bn_stats(self.model, self._batches())
+        if self.structure is not None:
+            self.width_buffers = []
+            for p in self.widths:
+                sub, sub_space = self.structure.model(p)
+                sub_space.load(sub, params[self.structure.slice(p, 0).gather])
+                recompute_bn_stats(sub, self._batches())
+                self.width_buffers.append(get_buffers(sub))
+        return get_buffers(self.model)
+
+
+class BaselineStrategy(MaskedBufferedStrategy):
+    """:class:`MaskedBufferedStrategy` plus two baseline behaviours.
+
+    label_keep: per client, the coordinates it may contribute (HeteroFL's label split);
+        a reply is restricted to ``assigned mask & keep`` before validation, which the
+        strategy accepts as a subset of the assigned mask.
+    bn_stats: ``bn_stats(params) -> buffers``, run after every aggregation (static BN).
+    """
+
+    def __init__(self, *args, label_keep: Sequence[torch.Tensor] | None = None,
+                 bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.label_keep = list(label_keep) if label_keep is not None else None
+        self.bn_stats = bn_stats
+        if bn_stats is not None:
+            self.buffers = bn_stats(self.params)
+
+    def receive(self, reply: Reply) -> bool:
+        cid = reply.client_id
+        if self.label_keep is not None and isinstance(cid, int) and 0 <= cid < len(self.label_keep) \
+                and reply.mask is None and isinstance(reply.values, torch.Tensor) and reply.values.ndim == 1:
+            a = self._outstanding.get(cid)
+            if a is not None and reply.values.numel() == int(a.mask.sum()):
+                keep = self.label_keep[cid]
+                reply = dataclasses.replace(reply, mask=a.mask & keep, values=reply.values[keep[a.mask]])
+        return super().receive(reply)
+
+    def aggregate(self) -> StepReport:
+        report = super().aggregate()
+        if self.bn_stats is not None:
+            self.buffers = self.bn_stats(self.params)
+        return report
+
+
+class StructuredPayloadSimulator(Simulator):
+    """Payloads of width-structured sub-models: a header-only shape description plus the
+    values (:mod:`fedgmr.baselines.wire`), no mask bits."""
+
+    def _payload(self, kept: int) -> float:
+        return structured_nbytes(kept) * self.byte_scale
+
+
+def has_bn(model: nn.Module) -> bool:
+    return has_batch_norm(model)

@@ -1,0 +1,308 @@
+"""Client trainers of the baselines (plugged into :class:`~fedgmr.sim.executor.ClientWorkload`).
+
+A trainer is called as ``trainer(workload, job, x, y, val) -> TrainOutcome`` and returns
+the full flat vector (zero outside the job's mask), so the workload's reply code (values
+at the mask, deltas) is shared by every method.
+
+* :class:`WidthTrainer` (HeteroFL, FedRolex) extracts the width-``r`` sub-model the job's
+  mask describes, trains that smaller model (scaler, static BatchNorm, label-split logit
+  masking) and scatters its weights back.
+* :class:`OrderedDropoutTrainer` (FjORD) samples one width per batch from the tier's
+  allowed set and trains that width's sub-model; gradients land on the tier's ``p_max``
+  weights, optionally with self-distillation from ``p_max``.
+* :class:`FiarseTrainer` trains the full model with FIARSE's shrinking masks and
+  threshold-controlled gradient.
+
+Trainers hold only picklable configuration; model caches are rebuilt lazily per process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
+from fedgmr.baselines import fiarse_math
+from fedgmr.baselines.policies import allowed_widths
+from fedgmr.baselines.structure import WidthStructure
+from fedgmr.models import build_model
+from fedgmr.models.scaler import attach_scaler
+from fedgmr.training.evaluate import evaluate
+from fedgmr.training.local import TrainOutcome, TrainSettings, masked_local_training
+from fedgmr.training.losses import task_loss
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A picklable ``build(width)``: a registered model with fixed options."""
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, width: float) -> nn.Module:
+        opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in self.options}
+        opts.pop("width", None)
+        return build_model(self.name, self.num_classes, self.input_shape, width=width, **opts)
+
+
+class _Batches:
+    """The batch order of :func:`masked_local_training`: a seeded permutation, reshuffled
+    after each pass."""
+
+    def __init__(self, n: int, batch_size: int, gen: torch.Generator) -> None:
+        self.n, self.bs, self.gen = n, min(batch_size, n), gen
+        self.perm = torch.randperm(n, generator=gen)
+        self.pos = 0
+
+    def next(self) -> torch.Tensor:
+        if self.pos + self.bs > self.n:
+            self.perm = torch.randperm(self.n, generator=self.gen)
+            self.pos = 0
+        idx = self.perm[self.pos:self.pos + self.bs]
+        self.pos += self.bs
+        return idx
+
+
+def _flat_grad(model: nn.Module, space: ParamSpace) -> torch.Tensor:
+    named = dict(model.named_parameters())
+    return torch.cat([(named[p.name].grad if named[p.name].grad is not None
+                       else torch.zeros(p.shape)).reshape(-1) for p in space.params])
+
+
+@dataclass
+class _WidthBase:
+    build: ModelSpec
+    rates: tuple[float, ...]  # width rate per ladder level
+    sizes: tuple[int, ...]  # mask size per level (identifies a job's level)
+    _ws: WidthStructure | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_ws"] = None
+        return state
+
+    def structure(self, workload: Any) -> WidthStructure:
+        if self._ws is None:
+            self._ws = WidthStructure(self.build, workload.model)
+        return self._ws
+
+    def rate_of(self, mask: torch.Tensor | None) -> float:
+        if mask is None:
+            return 1.0
+        k = int(mask.sum())
+        if k not in self.sizes:
+            raise ValueError(f"a mask of {k} coordinates matches no width level ({list(self.sizes)})")
+        return self.rates[self.sizes.index(k)]
+
+
+@dataclass
+class WidthTrainer(_WidthBase):
+    """HeteroFL / FedRolex client: train the actual width-``r`` model.
+
+    scaler: divide hidden activations by ``r`` in training (HeteroFL's scaler).
+    label_split: set the logits of classes absent from the client's data to 0 in training.
+    """
+
+    scaler: bool = True
+    label_split: bool = False
+
+    def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+        ws = self.structure(workload)
+        rate = self.rate_of(job.mask)
+        mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool)
+        sl = ws.slice_from_mask(mask, rate)
+        sub, sub_space = ws.model(rate)
+        handles = attach_scaler(sub, rate, ws.space.output_layer) if self.scaler else []
+        settings: TrainSettings = workload.settings
+        if self.label_split and settings.task == "classification":
+            handles.append(sub.register_forward_hook(_label_mask_hook(y, self.build.num_classes)))
+        try:
+            out = masked_local_training(sub, sub_space, job.start[sl.gather], {}, None, x, y, settings,
+                                        job.seed, val)
+        finally:
+            for h in handles:
+                h.remove()
+        full = torch.zeros(ws.space.numel)
+        full[sl.gather] = out.params
+        # static BatchNorm: no statistics travel; the server re-estimates them
+        return TrainOutcome(full, job.buffers, out.loss, out.num_samples, out.val_score)
+
+
+def _label_mask_hook(y: torch.Tensor, num_classes: int) -> Callable[..., torch.Tensor]:
+    present = torch.zeros(num_classes, dtype=torch.bool)
+    present[torch.unique(y)] = True
+
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.masked_fill(~present, 0.0) if module.training else output
+
+    return hook
+
+
+@dataclass
+class OrderedDropoutTrainer(_WidthBase):
+    """FjORD client: one width per batch, drawn uniformly from the tier's allowed set.
+
+    p_values: FjORD's width grid; the tier samples every value below its ``p_max`` and
+        ``p_max`` itself (widths are list positions, never dict keys).
+    distill: train ``p_max`` on the labels first and use its softmax as the sampled
+        width's soft target (self-distillation).
+    """
+
+    p_values: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+    distill: bool = False
+
+    def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+        if len(y) == 0:
+            raise ValueError("cannot train on an empty client data set")
+        ws = self.structure(workload)
+        s: TrainSettings = workload.settings
+        rate = self.rate_of(job.mask)
+        mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool)
+        top = ws.slice_from_mask(mask, rate)
+        widths = allowed_widths(self.p_values, rate)
+        pos = torch.full((ws.space.numel,), -1, dtype=torch.long)
+        pos[top.gather] = torch.arange(top.gather.numel())
+        maps = []
+        for p in widths:
+            m = pos[ws.slice(p, 0).gather]
+            if bool((m < 0).any()):
+                raise ValueError(f"width {p} is not nested in the tier's width {rate}")
+            maps.append(m)
+        w = job.start[top.gather].clone()
+        momentum = torch.zeros_like(w)
+        gen = torch.Generator().manual_seed(int(job.seed))
+        pgen = torch.Generator().manual_seed((int(job.seed) * 2654435761 + 1) % (2 ** 63))
+        batches = _Batches(len(y), s.batch_size, gen)
+        total = 0.0
+        last = len(widths) - 1
+        for _ in range(s.local_steps):
+            idx = batches.next()
+            xb, yb = x[idx], y[idx]
+            j = int(torch.randint(len(widths), (1,), generator=pgen))
+            grad = torch.zeros_like(w)
+            target = None
+            if self.distill and j != last:
+                t_logits, t_loss = self._step(ws, rate, w, maps[last], xb, yb, None, s, grad)
+                target = F.softmax(t_logits.detach(), dim=-1)
+            _, loss = self._step(ws, widths[j], w, maps[j], xb, yb, target, s, grad)
+            total += loss
+            if s.weight_decay:
+                grad += s.weight_decay * w
+            if s.momentum:
+                momentum = s.momentum * momentum + grad
+                grad = momentum
+            w -= s.lr * grad
+        val_score = None
+        if val is not None and len(val[1]) > 0:
+            sub, sub_space = ws.model(rate)
+            sub_space.load(sub, w)
+            val_score, _ = evaluate(sub, val[0], val[1], s.task, s.pad_index)
+        full = torch.zeros(ws.space.numel)
+        full[top.gather] = w
+        return TrainOutcome(full, job.buffers, total / max(s.local_steps, 1), s.local_steps * batches.bs, val_score)
+
+    @staticmethod
+    def _step(ws: WidthStructure, p: float, w: torch.Tensor, index: torch.Tensor, xb: torch.Tensor,
+              yb: torch.Tensor, target: torch.Tensor | None, s: TrainSettings,
+              grad: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Forward/backward of the width-``p`` model at ``w[index]``; adds its gradient."""
+        model, space = ws.model(p)
+        space.load(model, w[index])
+        model.train()
+        for q in model.parameters():
+            q.grad = None
+        logits = model(xb)
+        if target is None:
+            loss = task_loss(logits, yb, s.task, s.loss, s.pad_index)
+        else:
+            loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+        loss.backward()
+        grad.index_add_(0, index, _flat_grad(model, space))
+        return logits, float(loss.detach())
+
+
+@dataclass
+class FiarseTrainer:
+    """FIARSE client: full model, masks recomputed from the moving weights (they only
+    shrink), threshold-controlled gradient. ``scope``: ``global`` or ``stage`` thresholds."""
+
+    scope: str = "global"
+    _groups: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+        if self._groups is None:
+            self._groups = fiarse_math.score_groups(workload.model, workload.space, self.scope)
+        return fiarse_local_training(workload.model, workload.space, job.start, job.buffers, job.mask,
+                                     self._groups, x, y, workload.settings, job.seed, val)
+
+
+def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tensor,
+                          buffers: dict[str, torch.Tensor], mask: torch.Tensor | None, groups: torch.Tensor,
+                          x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, seed: int,
+                          val: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          on_step: Callable[[torch.Tensor], None] | None = None) -> TrainOutcome:
+    """FIARSE local training from the global ``start`` with the extracted ``mask``.
+
+    The thresholds are fixed at extraction (the smallest kept score of each group); after
+    every step the mask becomes ``mask & (|w| >= theta)`` on scored coordinates, so weights
+    may drop out but never re-enter. The forward pass uses ``w * mask``; the gradient on kept
+    scored weights is multiplied by ``1 + 2 theta |w| / (|w| + theta)^2``. Returns the moved
+    weights at the extracted mask (zero elsewhere); ``on_step(mask)`` sees each step's mask.
+    """
+    if len(y) == 0:
+        raise ValueError("cannot train on an empty client data set")
+    extracted = torch.ones(space.numel, dtype=torch.bool) if mask is None else mask.clone()
+    scored = groups >= 0
+    theta = fiarse_math.thresholds_from_mask(start, extracted, groups)
+    w = start.clone()
+    m = extracted.clone()
+    momentum = torch.zeros_like(w)
+    set_buffers(model, buffers)
+    model.train()
+    gen = torch.Generator().manual_seed(int(seed))
+    batches = _Batches(len(y), settings.batch_size, gen)
+    total = 0.0
+    for _ in range(settings.local_steps):
+        idx = batches.next()
+        space.load(model, w * m)
+        for q in model.parameters():
+            q.grad = None
+        loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
+        loss.backward()
+        g = _flat_grad(model, space) * m
+        kept = scored & m
+        g[kept] = g[kept] * fiarse_math.multiplier(w[kept], theta[kept])
+        if settings.weight_decay:
+            g = g + settings.weight_decay * w * m
+        if settings.momentum:
+            momentum = settings.momentum * momentum + g
+            g = momentum
+        w = w - settings.lr * g * extracted
+        m = m & ~(scored & (w.abs() < theta))
+        total += float(loss.detach())
+        if on_step is not None:
+            on_step(m.clone())
+    space.load(model, w * m)
+    val_score = None
+    if val is not None and len(val[1]) > 0:
+        val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
+    return TrainOutcome(w * extracted, get_buffers(model), total / max(settings.local_steps, 1),
+                        settings.local_steps * batches.bs, val_score)
+
+
+def spec_options(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Model options as a hashable, picklable tuple for :class:`ModelSpec`."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+
+
+__all__ = ["ModelSpec", "WidthTrainer", "OrderedDropoutTrainer", "FiarseTrainer", "fiarse_local_training",
+           "spec_options"]

@@ -1,0 +1,170 @@
+"""The one module of FedGMR that touches Flower's API.
+
+Flower's Message API (``Grid``, ``Message``, records) moves between minor releases, so
+everything else in :mod:`fedgmr.flower` talks to the small interface defined here:
+
+* :class:`GridLink` - push a train instruction to a node, pull whatever replies have
+  arrived, list the connected nodes;
+* :func:`fields_of` / :func:`content_of` - a FedGMR field dict <-> a message's
+  ``RecordDict`` (one ``ConfigRecord`` of scalars and raw ``bytes``; never pickle);
+* :func:`make_server_app` / :func:`make_client_app` - the ``ServerApp`` / ``ClientApp``
+  objects with our entry points registered.
+
+Tested with the Flower range in :data:`SUPPORTED` (see ``pyproject.toml``'s ``flower``
+extra); other versions get a warning, not a refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from fedgmr.flower.payload import RECORD
+
+log = logging.getLogger(__name__)
+
+#: Flower minor versions this adapter was tested with
+SUPPORTED = ((1, 42),)
+TRAIN = "train"  # Flower's MessageType.TRAIN
+
+try:
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("fedgmr.flower needs Flower: pip install 'fedgmr[flower]'") from exc
+
+
+def flower_version() -> str:
+    try:
+        return version("flwr")
+    except PackageNotFoundError:  # pragma: no cover
+        return "unknown"
+
+
+def check_version() -> None:
+    """Warn once when the installed Flower is outside the tested range."""
+    v = flower_version()
+    try:
+        major, minor = (int(p) for p in v.split(".")[:2])
+    except ValueError:
+        return
+    if (major, minor) not in SUPPORTED:
+        log.warning("fedgmr.flower was tested with flwr %s; found %s",
+                    ", ".join(f"{a}.{b}" for a, b in SUPPORTED), v)
+
+
+# ---------------------------------------------------------------------- records
+def content_of(fields: Mapping[str, Any]) -> RecordDict:
+    """A message body holding FedGMR's fields in one ConfigRecord."""
+    return RecordDict({RECORD: ConfigRecord(dict(fields))})
+
+
+def fields_of(message: Message) -> dict[str, Any]:
+    """FedGMR's fields of a message (empty when it has none or carries an error)."""
+    if message.has_error() or not message.has_content():
+        return {}
+    rec = message.content.get(RECORD)
+    if rec is None or not isinstance(rec, ConfigRecord):
+        return {}
+    return dict(rec)
+
+
+def reply(message: Message, fields: Mapping[str, Any]) -> Message:
+    """A reply to ``message`` carrying ``fields``."""
+    return Message(content_of(fields), reply_to=message)
+
+
+@dataclass
+class Arrived:
+    """One reply pulled from the SuperLink."""
+
+    instruction_id: str  # the id push() returned for the instruction it answers
+    node_id: int
+    fields: dict[str, Any]
+    error: str | None  # Flower's error (client crashed, TTL expired, ...) or None
+    nbytes: int  # size of the FedGMR fields' byte values
+
+
+# ---------------------------------------------------------------------- grid
+class GridLink:
+    """Push/pull over a Flower ``Grid``; what the FedGMR server loop sees of Flower."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+
+    def node_ids(self) -> list[int]:
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def wait_for_nodes(self, count: int, timeout: float, poll: float = 0.5) -> list[int]:
+        """Nodes connected once ``count`` are, or when ``timeout`` seconds passed."""
+        deadline = time.monotonic() + timeout
+        nodes = self.node_ids()
+        while len(nodes) < count and time.monotonic() < deadline:
+            time.sleep(poll)
+            nodes = self.node_ids()
+        return nodes
+
+    def push(self, node_id: int, fields: Mapping[str, Any], ttl: float, group: str) -> str:
+        """Send a train instruction; returns its id ('' when Flower refused it)."""
+        msg = Message(content_of(fields), dst_node_id=int(node_id), message_type=TRAIN, ttl=float(ttl),
+                      group_id=group)
+        ids = list(self.grid.push_messages([msg]))
+        return str(ids[0]) if ids else ""
+
+    def pull(self, instruction_ids: Iterable[str]) -> list[Arrived]:
+        """Replies that have arrived for these instructions (non-blocking)."""
+        ids = [i for i in instruction_ids if i]
+        if not ids:
+            return []
+        out = []
+        for msg in self.grid.pull_messages(ids):
+            md = msg.metadata
+            err = None
+            if msg.has_error():
+                err = f"code {msg.error.code}: {msg.error.reason}"
+            fields = fields_of(msg)
+            nbytes = sum(len(v) for v in fields.values() if isinstance(v, bytes))
+            out.append(Arrived(str(md.reply_to_message_id), int(md.src_node_id), fields, err, nbytes))
+        return out
+
+
+# ---------------------------------------------------------------------- apps
+def make_server_app(main: Callable[[GridLink, Mapping[str, Any]], None]) -> ServerApp:
+    """A ServerApp whose main calls ``main(link, run_config)``."""
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        check_version()
+        main(GridLink(grid), dict(context.run_config))
+
+    return app
+
+
+ClientHandler = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], int], dict[str, Any]]
+#: a fault-injection hook: (fields of the reply, node_config, count of replies so far) -> fields or raise
+ReplyMod = Callable[[dict[str, Any], Mapping[str, Any], int], dict[str, Any]]
+
+
+def make_client_app(train: ClientHandler, mods: Sequence[ReplyMod] = ()) -> ClientApp:
+    """A ClientApp whose train handler calls ``train(fields, run_config, node_config,
+    node_id) -> reply fields``; each of ``mods`` may rewrite the reply fields (faults for
+    tests) before they are sent."""
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        # replies so far on this node in this run (Context.state persists across messages)
+        state = context.state.get(RECORD)
+        count = int(state["replies"]) if isinstance(state, ConfigRecord) and "replies" in state else 0
+        context.state[RECORD] = ConfigRecord({"replies": count + 1})
+        fields = train(fields_of(msg), dict(context.run_config), dict(context.node_config), int(context.node_id))
+        for mod in mods:
+            fields = mod(fields, dict(context.node_config), count)
+        return reply(msg, fields)
+
+    return app

@@ -1,0 +1,97 @@
+"""The client side of the Flower deployment, free of Flower imports.
+
+:func:`train_handler` is what the ClientApp's ``@app.train()`` runs: decode the masked
+sub-model of the instruction, train it on this node's data with
+:func:`~fedgmr.training.local.masked_local_training` (through the same
+:class:`~fedgmr.sim.executor.ClientWorkload` the simulator uses), and reply with the
+trained values at the mask, sparse-encoded.
+
+This node's data is partition ``partition-id`` (Flower's node config; the simulation
+runtime sets it, a SuperNode gets it from ``--node-config``) of the data set named by
+the run's FedGMR config.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from fedgmr.config import ExperimentConfig
+from fedgmr.flower.payload import decode_instruction, encode_reply
+from fedgmr.sim.executor import ClientWorkload, TrainJob
+from fedgmr.training.local import TrainSettings
+
+log = logging.getLogger(__name__)
+
+_WORKLOADS: dict[str, ClientWorkload] = {}
+
+
+def load_run_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
+    """The FedGMR config a Flower run names: ``config`` (a YAML/TOML path) or the
+    ``quickstart`` preset, with ``seed`` overridden when the run config sets it."""
+    from fedgmr.config import read_config_file
+    from fedgmr.methods import resolve_config
+
+    path = str(run_config.get("config", "") or "")
+    if path:
+        raw = read_config_file(Path(path))
+    else:
+        from importlib.resources import files
+
+        import yaml
+
+        raw = yaml.safe_load((files("fedgmr.presets") / "quickstart.yaml").read_text())
+    if "seed" in run_config:
+        raw["seed"] = int(run_config["seed"])
+    raw.setdefault("run", {})["executor"] = "serial"
+    return resolve_config(raw)
+
+
+def workload_for(cfg: ExperimentConfig) -> ClientWorkload:
+    """This process's workload for ``cfg``: data, the same partition as
+    :func:`~fedgmr.experiment.build.build_experiment` makes for the seed, one model.
+    Built once per process (Flower may start a ClientApp process per message, so this
+    builds only what a client needs)."""
+    key = cfg.model_dump_json()
+    if key not in _WORKLOADS:
+        from fedgmr.data import load_dataset
+        from fedgmr.experiment.build import Streams, _partition, model_factory
+
+        data = load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
+        partition = _partition(cfg, data, Streams.from_seed(cfg.seed).partition)
+        t = cfg.training
+        settings = TrainSettings(t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_steps, t.loss,
+                                 data.task, data.pad_index)
+        x, y = data.train.x, data.train.y
+        _WORKLOADS[key] = ClientWorkload(model_factory(cfg, data), [(x[i], y[i]) for i in partition.clients],
+                                         [(x[i], y[i]) for i in partition.client_val], settings)
+    return _WORKLOADS[key]
+
+
+def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node_config: Mapping[str, Any],
+                  node_id: int) -> dict[str, Any]:
+    """Train the sub-model of one instruction; returns the reply fields."""
+    cfg = load_run_config(run_config)
+    workload = workload_for(cfg)
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    n = len(workload.client_data)
+    part = node_config.get("partition-id")
+    partition = int(part) if part is not None else int(node_id) % n
+    if not 0 <= partition < n:
+        raise ValueError(f"partition-id {partition} is outside the {n} partitions of the config")
+    ins = decode_instruction(fields, workload.settings)
+    full = bool(ins.mask.all())
+    job = TrainJob(partition, ins.version, ins.seed, ins.start, ins.buffers, None if full else ins.mask,
+                   ins.kind, ins.validate)
+    saved = workload.settings
+    workload.settings = ins.settings
+    try:
+        res = workload.run(job)
+    finally:
+        workload.settings = saved
+    return encode_reply(ins.client, ins.version, ins.mask, res.values, res.buffers, res.num_samples,
+                        res.loss, res.val_score)

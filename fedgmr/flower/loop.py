@@ -1,0 +1,328 @@
+"""FedGMR's semi-asynchronous buffered server loop over a message transport.
+
+The loop drives an unchanged :class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy`
+exactly as the virtual-clock simulator does - ``assign`` a sub-model to each idle client,
+``receive`` replies as they arrive, ``aggregate`` once ``K`` have arrived, feed GMR its
+validation score - but on the wall clock, over a :class:`Link` (Flower's Grid in
+:mod:`fedgmr.flower.server_app`, an in-process fake in tests). It imports nothing from
+Flower.
+
+Robustness: every instruction carries a TTL and a reply deadline; a client that crashes
+(an error reply) or never answers is dropped from the current step and re-dispatched
+after the next aggregation, and a step waits at most ``step_timeout`` seconds for ``K``
+replies before aggregating the ones it has. Malformed replies are rejected and logged
+(here for undecodable payloads and identity mismatches, by the strategy for the rest)
+and never reach the global model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+import torch
+
+from fedgmr.errors import InvalidUpdateError
+from fedgmr.flower.payload import decode_reply, encode_instruction
+from fedgmr.sim.executor import job_seed
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, mean_density
+from fedgmr.training.local import TrainSettings
+
+log = logging.getLogger(__name__)
+Evaluator = Callable[[torch.Tensor, dict[str, torch.Tensor], str], tuple[float, float]]
+
+
+class ArrivedReply(Protocol):
+    instruction_id: str
+    node_id: int
+    fields: dict[str, Any]
+    error: str | None
+    nbytes: int
+
+
+class Link(Protocol):
+    """What the loop needs of a transport."""
+
+    def push(self, node_id: int, fields: Mapping[str, Any], ttl: float, group: str) -> str: ...
+
+    def pull(self, instruction_ids: Iterable[str]) -> list[Any]: ...
+
+
+@dataclass
+class LoopSettings:
+    """Coordination of the loop (wall-clock seconds).
+
+    max_steps: server steps (aggregations) to run.
+    k: aggregate once this many new replies arrived (at most ``k`` per step).
+    reply_timeout: a dispatched client not heard from after this long is dropped from
+        the step (also the messages' TTL).
+    step_timeout: aggregate with fewer than ``k`` replies after this long, if any arrived.
+    max_wall: stop after this long whatever the step (None: no bound).
+    eval_every, check_interval: test evaluation / GMR validation every that many steps.
+    poll_interval: sleep between pulls when nothing happened.
+    """
+
+    max_steps: int
+    k: int = 3
+    reply_timeout: float = 60.0
+    step_timeout: float = 30.0
+    max_wall: float | None = None
+    eval_every: int = 5
+    check_interval: int = 5
+    poll_interval: float = 0.05
+
+
+@dataclass
+class _Flight:
+    slot: int
+    version: int
+    sent: float
+    nbytes: int
+
+
+@dataclass
+class LoopStats:
+    timeouts: int = 0
+    errors: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    replies: int = 0
+    log: list[str] = field(default_factory=list)
+
+
+class BufferedServerLoop:
+    """Runs a strategy over a link until ``settings.max_steps`` steps.
+
+    Parameters
+    ----------
+    strategy: the FedGMR server strategy (unchanged).
+    link: transport with ``push`` and ``pull``.
+    nodes: node ids to use; node ``nodes[i]`` is the strategy's client ``i``.
+    evaluator: ``evaluator(params, buffers, split)`` -> (accuracy, loss).
+    settings: see :class:`LoopSettings`.
+    train: local training settings sent with every instruction.
+    seed: root seed of the per-job training seeds.
+    client_validation: ask clients for their local validation score (per-client GMR).
+    on_record: called with each metrics record.
+    """
+
+    def __init__(self, strategy: MaskedBufferedStrategy, link: Link, nodes: list[int], evaluator: Evaluator,
+                 settings: LoopSettings, train: TrainSettings, seed: int = 0, client_validation: bool = False,
+                 on_record: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not nodes:
+            raise ValueError("no nodes to train on")
+        self.strategy = strategy
+        self.link = link
+        self.node_of_slot = {i: n for i, n in enumerate(nodes[: strategy.num_clients])}
+        self.evaluator = evaluator
+        self.settings = settings
+        self.train = train
+        self.seed = seed
+        self.client_validation = client_validation
+        self.on_record = on_record or (lambda rec: None)
+        self.clock = clock
+        self.in_flight: dict[str, _Flight] = {}
+        self.waiting: set[int] = set()  # heard from (or given up on) since the last step
+        self.queue: list[Any] = []
+        self.dispatches = [0] * strategy.num_clients
+        self.stats = LoopStats()
+        self.records: list[dict[str, Any]] = []
+        self.t0 = clock()
+        self.step_started = self.t0
+        self._last_eval = -1
+        self._last_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
+
+    # ------------------------------------------------------------------ dispatch
+    def _dispatch(self, slots: Iterable[int]) -> None:
+        busy = {f.slot for f in self.in_flight.values()}
+        for slot in sorted(set(slots) - busy):
+            a = self.strategy.assign(slot)
+            seed = job_seed(self.seed, slot, self.dispatches[slot])
+            fields = encode_instruction(slot, a.version, seed, a.consumes, a.mask, self.strategy.params,
+                                        self.strategy.buffers, self.train, self.client_validation)
+            nbytes = sum(len(v) for v in fields.values() if isinstance(v, bytes))
+            msg_id = self.link.push(self.node_of_slot[slot], fields, self.settings.reply_timeout,
+                                    str(a.version))
+            self.dispatches[slot] += 1
+            if not msg_id:
+                log.warning("client %d (node %d): instruction was not accepted; retrying after the next step",
+                            slot, self.node_of_slot[slot])
+                self.waiting.add(slot)
+                continue
+            self.stats.bytes_down += nbytes
+            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes)
+            self.waiting.discard(slot)
+
+    # ------------------------------------------------------------------ replies
+    def _reject(self, slot: int, reason: str) -> None:
+        self.strategy.rejected += 1
+        line = f"rejected update from client {slot}: {reason}"
+        self.stats.log.append(line)
+        log.warning(line)
+
+    def handle(self, arrived: Any) -> bool:
+        """Validate one reply and hand it to the strategy; True when accepted."""
+        flight = self.in_flight.pop(arrived.instruction_id, None)
+        if flight is None:
+            log.warning("reply to an unknown or expired instruction %s from node %s ignored",
+                        arrived.instruction_id, arrived.node_id)
+            return False
+        slot = flight.slot
+        self.waiting.add(slot)
+        self.stats.replies += 1
+        self.stats.bytes_up += arrived.nbytes
+        if arrived.error is not None:
+            self.stats.errors += 1
+            log.warning("client %d (node %d) failed: %s; going on without it", slot, self.node_of_slot[slot],
+                        arrived.error)
+            return False
+        if arrived.node_id != self.node_of_slot[slot]:
+            self._reject(slot, f"reply came from node {arrived.node_id}, not node {self.node_of_slot[slot]}")
+            return False
+        try:
+            reply = decode_reply(arrived.fields, self.strategy.space.numel, self.strategy.rule.consumes,
+                                 self.strategy.buffers)
+        except InvalidUpdateError as exc:
+            self._reject(slot, str(exc))
+            return False
+        if reply.client_id != slot:
+            known = 0 <= reply.client_id < self.strategy.num_clients
+            self._reject(slot, f"claims to be client {reply.client_id}" if known
+                         else f"unknown client id {reply.client_id!r}")
+            return False
+        accepted = self.strategy.receive(reply)  # the strategy logs (and we collect) its rejections
+        if accepted and reply.val_score is not None:
+            self.strategy.on_client_validation(slot, reply.val_score)
+        return accepted
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for msg_id, f in list(self.in_flight.items()):
+            if now - f.sent > self.settings.reply_timeout:
+                del self.in_flight[msg_id]
+                self.waiting.add(f.slot)
+                self.stats.timeouts += 1
+                log.warning("client %d (node %d) did not reply within %.1f s; going on without it",
+                            f.slot, self.node_of_slot[f.slot], self.settings.reply_timeout)
+
+    # ------------------------------------------------------------------ steps
+    def _should_aggregate(self) -> bool:
+        n_new = len(self.strategy.arrivals)
+        if n_new == 0:
+            return False
+        k = min(self.settings.k, len(self.node_of_slot))
+        if n_new >= k:
+            return True
+        return self.clock() - self.step_started > self.settings.step_timeout
+
+    def _aggregate(self) -> None:
+        report = self.strategy.aggregate()
+        self._last_stats = {
+            "staleness_mean": sum(report.staleness) / len(report.staleness) if report.staleness else 0.0,
+            "used": len(report.used),
+        }
+        self.step_started = self.clock()
+        step = self.strategy.version
+        val_score = None
+        moved: list[int] = []
+        if self.strategy.trigger.needs_validation and step % self.settings.check_interval == 0:
+            val_score, _ = self.evaluator(self.strategy.params, self.strategy.buffers, "val")
+            moved += self.strategy.on_validation(val_score)
+        moved += self.strategy.on_time(self.clock() - self.t0)
+        if step % self.settings.eval_every == 0:
+            self._evaluate(val_score, moved)
+        # every client heard from since the last step gets the new model at once
+        if step < self.settings.max_steps:
+            self._dispatch(sorted(self.waiting))
+
+    def _evaluate(self, val_score: float | None = None, moved: list[int] | tuple = ()) -> dict[str, Any]:
+        acc, loss = self.evaluator(self.strategy.params, self.strategy.buffers, "test")
+        dens = self.strategy.densities()
+        rec = {
+            "wall_time": self.clock() - self.t0, "step": self.strategy.version, "accuracy": acc, "loss": loss,
+            "avg_density": mean_density(dens), "densities": dens, "val_accuracy": val_score,
+            "restored": list(moved), "restorations": self.strategy.ladder.restorations,
+            "staleness_mean": self._last_stats["staleness_mean"], "used": self._last_stats["used"],
+            "rejected": self.strategy.rejected, "timeouts": self.stats.timeouts, "errors": self.stats.errors,
+            "bytes_up": self.stats.bytes_up, "bytes_down": self.stats.bytes_down,
+        }
+        self._last_eval = self.strategy.version
+        self.records.append(rec)
+        self.on_record(rec)
+        return rec
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> list[dict[str, Any]]:
+        """Run to ``max_steps`` (or ``max_wall``); returns the metrics records."""
+        collect = _Collect(self.stats.log)
+        strategy_log = logging.getLogger(type(self.strategy).__module__)
+        strategy_log.addHandler(collect)
+        try:
+            return self._run()
+        finally:
+            strategy_log.removeHandler(collect)
+
+    def _run(self) -> list[dict[str, Any]]:
+        s = self.settings
+        self._evaluate()
+        self._dispatch(self.node_of_slot)
+        self.step_started = self.clock()
+        while self.strategy.version < s.max_steps:
+            if s.max_wall is not None and self.clock() - self.t0 > s.max_wall:
+                log.warning("stopping at step %d: wall-clock bound of %.0f s reached", self.strategy.version,
+                            s.max_wall)
+                break
+            progressed = False
+            queued = {a.instruction_id for a in self.queue}
+            pending = [i for i in self.in_flight if i not in queued]
+            if pending:  # a reply is pulled once: Flower deletes it on delivery
+                self.queue.extend(self.link.pull(pending))
+            # at most K new replies per step: the rest wait in the queue for the next one
+            while self.queue and len(self.strategy.arrivals) < s.k:
+                self.handle(self.queue.pop(0))
+                progressed = True
+            self._expire()
+            if self._should_aggregate():
+                self._aggregate()
+                progressed = True
+            elif not self.in_flight and not self.queue and self.waiting:
+                # nobody left to wait for: send the current model to those we gave up on
+                if self.clock() - self.step_started > min(s.step_timeout, s.reply_timeout) or \
+                        not self.strategy.arrivals:
+                    self._dispatch(sorted(self.waiting))
+                    progressed = True
+            if not progressed:
+                time.sleep(s.poll_interval)
+        if self._last_eval != self.strategy.version:
+            self._evaluate()
+        return self.records
+
+
+class _Collect(logging.Handler):
+    """Keeps the strategy's rejection lines for the run's summary."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("rejected update"):
+            self.lines.append(msg)
+
+
+def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int) -> dict[str, Any]:
+    """The run's summary (JSON-able)."""
+    last = records[-1]
+    return {
+        "nodes": nodes, "steps": last["step"], "final_accuracy": last["accuracy"],
+        "best_accuracy": max(r["accuracy"] for r in records), "final_avg_density": last["avg_density"],
+        "restorations": last["restorations"], "rejected_updates": last["rejected"], "timeouts": stats.timeouts,
+        "client_errors": stats.errors, "replies": stats.replies, "wall_time_s": round(last["wall_time"], 3),
+        "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
+        "final_loss": None if math.isnan(last["loss"]) else last["loss"],
+    }

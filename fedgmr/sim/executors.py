@@ -1,0 +1,239 @@
+"""Executors that train client jobs in other processes: a local process pool and Ray.
+
+Both implement the :class:`~fedgmr.sim.executor.Executor` protocol: ``submit`` returns at
+once with a handle, and the simulator asks for the result only when the job's upload
+arrives on the virtual clock - so every job in flight at the same virtual time trains in
+parallel. A job's inputs (start vector, buffers, mask, seed) are fixed at dispatch and
+each worker trains with the same number of torch threads as the serial executor, so the
+results - and hence the metrics - are bit-identical to :class:`SerialExecutor`'s.
+
+Each worker holds the :class:`~fedgmr.sim.executor.ClientWorkload` (client data and one
+model instance) for its whole life; only jobs and results cross process boundaries.
+Those crossings are between processes of one trusted run (multiprocessing and Ray
+serialise them with pickle); nothing here reads data from the network or from disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import multiprocessing as mp
+import os
+from concurrent.futures import Future
+from concurrent.futures import ProcessPoolExecutor as _Pool
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedgmr.sim.executor import ClientWorkload, JobResult, TrainJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedgmr.config import ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- process pool
+_WORKLOAD: ClientWorkload | None = None
+
+
+def _own_model(workload: ClientWorkload) -> ClientWorkload:
+    """The workload with private copies of everything but the client data.
+
+    Client data is read-only and may stay shared, but the model (and whatever the
+    workload keeps bound to it, such as a reused optimiser) is trained in place:
+    workloads that arrive through torch's multiprocessing pickler (``spawn``) have their
+    tensors in shared memory, which every worker would otherwise train at once.
+    """
+    data = [t for pair in (*workload.client_data, *workload.client_val) for t in pair]
+    memo: dict[int, Any] = {id(t): t for t in data}
+    return copy.deepcopy(workload, memo)
+
+
+def _init_worker(workload: ClientWorkload, threads: int) -> None:
+    """Runs once in each worker: keep the workload, pin torch's thread count."""
+    global _WORKLOAD
+    torch.set_num_threads(threads)
+    _WORKLOAD = _own_model(workload)
+
+
+def _run_job(job: TrainJob) -> JobResult:
+    assert _WORKLOAD is not None, "worker was not initialised"
+    return _WORKLOAD.run(job)
+
+
+class _FutureHandle:
+    def __init__(self, future: Future[JobResult]) -> None:
+        self.future = future
+
+    def result(self) -> JobResult:
+        return self.future.result()
+
+
+class ProcessPoolExecutor:
+    """Trains jobs in ``workers`` local processes.
+
+    With the ``fork`` start method (the default where the platform has it) the workers
+    inherit the workload from the parent, copy-on-write, so it is never serialised;
+    with ``spawn``/``forkserver`` it is sent to each worker once, at start-up.
+
+    Parameters
+    ----------
+    workload: client data and model, shared by every job.
+    workers: number of processes (default: the machine's CPU count).
+    threads: torch threads in each worker; must equal the serial run's count for
+        identical results (``run.torch_threads``, default 1).
+    start_method: multiprocessing start method (default ``fork`` where available).
+    """
+
+    def __init__(self, workload: ClientWorkload, workers: int | None = None, threads: int = 1,
+                 start_method: str | None = None) -> None:
+        if start_method is None:
+            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        self.workers = workers or os.cpu_count() or 1
+        self.threads = threads
+        ctx = mp.get_context(start_method)
+        self._pool = _Pool(max_workers=self.workers, mp_context=ctx, initializer=_init_worker,
+                           initargs=(workload, threads))
+
+    def submit(self, job: TrainJob) -> _FutureHandle:
+        return _FutureHandle(self._pool.submit(_run_job, job))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_process_executor(workload: ClientWorkload, cfg: "ExperimentConfig") -> ProcessPoolExecutor:
+    """``executor: process`` in a config (``run.workers``, ``run.torch_threads``)."""
+    return ProcessPoolExecutor(workload, cfg.run.workers, cfg.run.torch_threads or 1)
+
+
+# ---------------------------------------------------------------------- Ray
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        from fedgmr.errors import ConfigError
+
+        raise ConfigError("run.executor 'ray' needs Ray: pip install 'fedgmr[ray]'") from exc
+    return ray
+
+
+class _ClientActor:
+    """A Ray actor holding the workload; ``run`` trains one job."""
+
+    def __init__(self, workload: ClientWorkload, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.workload = _own_model(workload)
+
+    def run(self, job: TrainJob, start: torch.Tensor, buffers: dict[str, torch.Tensor],
+            mask: torch.Tensor | None) -> JobResult:
+        return self.workload.run(replace(job, start=start, buffers=buffers, mask=mask))
+
+    def ready(self) -> bool:
+        return True
+
+
+class _RayHandle:
+    def __init__(self, ray: Any, ref: Any) -> None:
+        self._ray = ray
+        self.ref = ref
+        self._value: JobResult | None = None
+
+    def result(self) -> JobResult:
+        if self._value is None:
+            self._value = self._ray.get(self.ref)
+            self.ref = None  # let Ray free the object
+        return self._value
+
+
+class RayExecutor:
+    """Trains jobs on Ray actors that each hold the workload.
+
+    Starts a local Ray instance, or joins an existing cluster when ``address`` is given
+    (``"auto"`` or ``"HOST:PORT"`` of a ``ray start --head``). If Ray is already
+    initialised in this process, that instance is used and left running on close.
+
+    The start vector and buffers of a dispatch wave are the same objects for every job in
+    it, so they are ``ray.put`` once per wave; per-level masks likewise once per wave.
+
+    Parameters
+    ----------
+    workload: client data and model; ``ray.put`` once and handed to every actor.
+    workers: number of actors (default: the cluster's CPU count).
+    threads: torch threads per actor (one CPU each is reserved).
+    address: cluster address, or None for a local instance.
+    init_options: extra keyword arguments for ``ray.init``.
+    """
+
+    def __init__(self, workload: ClientWorkload, workers: int | None = None, threads: int = 1,
+                 address: str | None = None, init_options: dict[str, Any] | None = None) -> None:
+        ray = _import_ray()
+        self._ray = ray
+        self._owns_ray = False
+        if not ray.is_initialized():
+            opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+                                    "configure_logging": False}
+            if address is None:
+                opts["num_cpus"] = workers or os.cpu_count() or 1
+            opts.update(init_options or {})
+            ray.init(address=address, **opts)
+            self._owns_ray = True
+        n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        actor_cls = ray.remote(num_cpus=1)(_ClientActor)
+        ref = ray.put(workload)
+        self.actors = [actor_cls.remote(ref, threads) for _ in range(n)]
+        ray.get([a.ready.remote() for a in self.actors])
+        self._pending: list[list[Any]] = [[] for _ in self.actors]
+        self._wave_key: tuple[int, int] | None = None
+        self._wave_keep: tuple[Any, ...] = ()
+        self._refs: dict[int, Any] = {}
+
+    def _put(self, obj: Any) -> Any:
+        """One ObjectRef per distinct object of the current wave."""
+        key = id(obj)
+        if key not in self._refs:
+            self._refs[key] = self._ray.put(obj)
+            self._wave_keep += (obj,)  # keep ids valid while cached
+        return self._refs[key]
+
+    def _least_busy(self) -> int:
+        for i, refs in enumerate(self._pending):
+            if refs:
+                _, not_done = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+                self._pending[i] = not_done
+        return min(range(len(self.actors)), key=lambda i: len(self._pending[i]))
+
+    def submit(self, job: TrainJob) -> _RayHandle:
+        wave = (id(job.start), id(job.buffers))
+        if wave != self._wave_key:
+            self._wave_key = wave
+            self._refs = {}
+            self._wave_keep = ()
+        start, buffers = self._put(job.start), self._put(job.buffers)
+        mask = None if job.mask is None else self._put(job.mask)
+        i = self._least_busy()
+        light = replace(job, start=torch.empty(0), buffers={}, mask=None)
+        ref = self.actors[i].run.remote(light, start, buffers, mask)
+        self._pending[i].append(ref)
+        return _RayHandle(self._ray, ref)
+
+    def close(self) -> None:
+        for a in self.actors:
+            try:
+                self._ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                log.debug("could not kill a Ray actor", exc_info=True)
+        self.actors = []
+        self._refs = {}
+        self._wave_keep = ()
+        if self._owns_ray:
+            self._ray.shutdown()
+            self._owns_ray = False
+
+
+def make_ray_executor(workload: ClientWorkload, cfg: "ExperimentConfig") -> RayExecutor:
+    """``executor: ray`` in a config (``run.workers``, ``run.torch_threads``, ``run.ray_address``)."""
+    return RayExecutor(workload, cfg.run.workers, cfg.run.torch_threads or 1,
+                       getattr(cfg.run, "ray_address", None))

@@ -1,0 +1,128 @@
+"""Client trainers of FjORD and FIARSE, and the server-side static BatchNorm pass."""
+
+from __future__ import annotations
+
+import torch
+
+from fedgmr.algorithm.params import ParamSpace
+from fedgmr.baselines import fiarse_math
+from fedgmr.baselines.policies import FiarsePolicy, OrderedDropoutPolicy
+from fedgmr.baselines.server import BNStatistics
+from fedgmr.baselines.structure import WidthStructure
+from fedgmr.baselines.training import (FiarseTrainer, ModelSpec, OrderedDropoutTrainer, WidthTrainer,
+                                       fiarse_local_training)
+from fedgmr.training.local import TrainSettings
+
+SPEC = ModelSpec("cnn", 10, (1, 8, 8), ())
+
+
+class _Workload:
+    def __init__(self, model, settings):
+        self.model, self.space, self.settings = model, ParamSpace(model), settings
+
+
+class _Job:
+    def __init__(self, start, mask, buffers=None, seed=5):
+        self.start, self.mask, self.seed, self.buffers = start, mask, seed, buffers or {}
+
+
+def _data(n=30):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_fjord_with_one_allowed_width_is_plain_sgd_on_the_sub_model():
+    torch.manual_seed(0)
+    full = SPEC(1.0)
+    space = ParamSpace(full)
+    ws = WidthStructure(SPEC, full)
+    sl = ws.slice(0.5, 0)
+    s = TrainSettings(lr=0.1, momentum=0.9, weight_decay=1e-3, batch_size=10, local_steps=4)
+    x, y = _data()
+    sizes = (int(sl.mask.sum()), space.numel)
+    od = OrderedDropoutTrainer(SPEC, (0.5, 1.0), sizes, p_values=(0.5,))
+    plain = WidthTrainer(SPEC, (0.5, 1.0), sizes, scaler=False)
+    start = space.flatten(full)
+    a = od(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None)
+    b = plain(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None)
+    assert torch.allclose(a.params, b.params, atol=1e-5)
+
+
+def test_fjord_trains_only_inside_its_tier_and_distills():
+    torch.manual_seed(0)
+    full = SPEC(1.0)
+    space = ParamSpace(full)
+    policy = OrderedDropoutPolicy(space, [0.3, 1.0], full, SPEC, rates=[0.6, 1.0])
+    assert policy.allowed(0) == [0.2, 0.4, 0.6]
+    mask = policy.mask(0)
+    x, y = _data()
+    s = TrainSettings(lr=0.1, batch_size=10, local_steps=6)
+    for distill in (False, True):
+        tr = OrderedDropoutTrainer(SPEC, tuple(policy.rates), tuple(policy.level_sizes()), policy.p_values, distill)
+        out = tr(_Workload(SPEC(1.0), s), _Job(space.flatten(full), mask), x, y, None)
+        assert bool((out.params[~mask] == 0).all())
+        assert not torch.equal(out.params[mask], space.flatten(full)[mask])
+
+
+def test_fiarse_masks_never_grow_within_a_local_round():
+    torch.manual_seed(0)
+    model = SPEC(1.0)
+    space = ParamSpace(model)
+    params = space.flatten(model)
+    policy = FiarsePolicy(space, [0.25, 1.0], params, model)
+    mask = policy.mask(0)
+    seen: list[torch.Tensor] = []
+    s = TrainSettings(lr=0.5, momentum=0.5, batch_size=10, local_steps=8)
+    x, y = _data()
+    out = fiarse_local_training(model, space, params, {}, mask, policy.groups, x, y, s, 1, on_step=seen.append)
+    prev = mask
+    shrunk = False
+    for m in seen:
+        assert not bool((m & ~prev).any())  # never grows
+        shrunk |= bool((prev & ~m).any())
+        prev = m
+    assert shrunk  # with this learning rate some weights drop below their threshold
+    assert bool((out.params[~mask] == 0).all())
+    assert bool((policy.groups[~mask] >= 0).all())  # norm parameters are always kept
+
+
+def test_fiarse_stage_thresholds_and_global_threshold():
+    model = ModelSpec("resnet18", 10, (3, 8, 8), ())(1.0)
+    space = ParamSpace(model)
+    g = fiarse_math.score_groups(model, space, "stage")
+    assert int(g.max()) + 1 == 6  # stem, layers.0..3, classifier
+    params = space.flatten(model)
+    policy = FiarsePolicy(space, [0.1, 1.0], params, model, scope="stage")
+    for k in range(6):
+        sel = g == k
+        frac = float(policy.mask(0)[sel].float().mean())
+        assert abs(frac - 0.1) < 0.01
+    assert fiarse_math.score_groups(model, space, "global").max() == 0
+
+
+def test_fiarse_trainer_uses_extracted_thresholds():
+    torch.manual_seed(0)
+    model = SPEC(1.0)
+    space = ParamSpace(model)
+    params = space.flatten(model)
+    policy = FiarsePolicy(space, [0.5, 1.0], params, model)
+    s = TrainSettings(lr=0.05, batch_size=10, local_steps=2)
+    x, y = _data()
+    out = FiarseTrainer()(_Workload(SPEC(1.0), s), _Job(params, policy.mask(0)), x, y, None)
+    assert out.params.shape == params.shape and bool((out.params[~policy.mask(0)] == 0).all())
+
+
+def test_server_bn_pass_is_a_cumulative_average_over_the_split():
+    torch.manual_seed(0)
+    model = SPEC(1.0)
+    space = ParamSpace(model)
+    x, _ = _data(40)
+    stats = BNStatistics(model, space, x, batch_size=8)  # equal batches: the mean of batch means
+    bufs = stats(space.flatten(model))
+    first = model.features[0](x)
+    assert torch.allclose(bufs["features.1.running_mean"], first.mean((0, 2, 3)), atol=1e-5)
+    ws = WidthStructure(SPEC, SPEC(1.0))
+    per_width = BNStatistics(SPEC(1.0), space, x, structure=ws, widths=[0.5, 1.0])
+    per_width(space.flatten(model))
+    assert per_width.width_buffers[0]["features.1.running_mean"].numel() == 8
+    assert per_width.width_buffers[1]["features.1.running_mean"].numel() == 16

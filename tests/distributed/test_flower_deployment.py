@@ -1,0 +1,186 @@
+"""FedGMR on real Flower processes, on loopback only, on ports picked here:
+
+* ``flwr run`` against a ``flower-superlink --simulation`` (Flower's simulation runtime);
+* ``flwr run`` against a ``flower-superlink`` and several ``flower-supernode`` processes
+  (insecure mode), one of which sends every kind of malformed reply in turn and one of
+  which never answers.
+
+Every process is started in its own process group and stopped by signalling that group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import tiny_config
+
+pytest.importorskip("flwr", reason="Flower is not installed: pip install 'fedgmr[flower]'")
+
+from fedgmr.flower.faults import MALFORMED  # noqa: E402
+from fedgmr.flower.project import write_app, write_flower_config  # noqa: E402
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Start commands in their own process groups; stop them all at the end."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env, self.procs = root, env, []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "w")
+        p = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             cwd=self.root)
+        self.procs.append((name, p, log))
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for _, p, _ in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for _, p, log in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # and whatever it started in its group
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+            log.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path):
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "RAY_USAGE_STATS_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+    p = Processes(tmp_path, env)
+    yield p
+    p.stop()
+
+
+def _wait_http(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} exited early"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"{what} did not listen on port {port} within {timeout} s")
+
+
+def _superlink(procs: Processes, port: int, simulation: bool) -> subprocess.Popen:
+    args = [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+            "--database", str(procs.root / "state.db"), "--disable-runtime-dependency-installation"]
+    p = procs.start("superlink", args + (["--simulation"] if simulation else []))
+    _wait_http(port, p, "flower-superlink")
+    return p
+
+
+def _fedgmr_config(tmp_path: Path, clients: int, steps: int) -> Path:
+    raw = tiny_config(clients={"num_clients": clients, "heterogeneity": "high"},
+                      model={"name": "mlp", "options": {"hidden": [64]}},
+                      training={"lr": 0.1, "local_steps": 30},
+                      coordination={"k": 2}, run={"max_steps": steps, "eval_every": 2})
+    path = tmp_path / "fedgmr.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _flwr_run(procs: Processes, app: Path, connection: str, out: Path, timeout: float) -> dict[str, Any]:
+    p = procs.start("flwr-run", [str(BIN / "flwr"), "run", str(app), connection, "--stream"])
+    deadline = time.monotonic() + timeout
+    summary = out / "summary.json"
+    while not summary.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no summary after {timeout} s\n--- flwr run:\n{procs.log('flwr-run')[-3000:]}"
+                                 f"\n--- superlink:\n{procs.log('superlink')[-3000:]}")
+        if p.poll() is not None and p.returncode != 0:
+            raise AssertionError(f"flwr run failed:\n{procs.log('flwr-run')[-3000:]}")
+        time.sleep(0.5)
+    time.sleep(0.2)
+    return json.loads(summary.read_text())
+
+
+def test_flwr_run_in_flowers_simulation_runtime(procs, tmp_path):
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs Ray: pip install 'flwr[simulation]'")
+    port = _free_port()
+    out = tmp_path / "out-sim"
+    cfg = _fedgmr_config(tmp_path, clients=4, steps=6)
+    app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": 6,
+                                       "reply-timeout": 60.0, "step-timeout": 20.0, "max-wall": 240.0,
+                                       "node-wait": 60.0})
+    write_flower_config(procs.env["FLWR_HOME"], {"sim": {
+        "address": f"127.0.0.1:{port}", "insecure": True,
+        "options": {"num-supernodes": 4},
+    }})
+    _superlink(procs, port, simulation=True)
+    result = _flwr_run(procs, app, "sim", out, timeout=300)
+    print("simulation:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
+    assert result["nodes"] == 4 and result["steps"] == 6
+    assert result["rejected_updates"] == 0
+    assert result["final_accuracy"] > 0.15
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and records[-1]["step"] == 6
+    assert all(len(r["densities"]) == 4 for r in records)
+
+
+def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path):
+    port = _free_port()
+    out = tmp_path / "out-deploy"
+    honest, steps = 3, 8
+    clients = honest + 2  # + one node cycling through malformed replies, + one that never answers
+    cfg = _fedgmr_config(tmp_path, clients=clients, steps=steps)
+    app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": steps,
+                                       "reply-timeout": 25.0, "step-timeout": 8.0, "max-wall": 400.0,
+                                       "node-wait": 60.0})
+    write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
+    _superlink(procs, port, simulation=False)
+    faults = {honest: "cycle", honest + 1: "hang"}
+    for i in range(clients):
+        node_cfg = f"partition-id={i} num-partitions={clients}"
+        if i in faults:
+            node_cfg += f' fedgmr-fault="{faults[i]}"'
+        procs.start(f"supernode{i}", [str(BIN / "flower-supernode"), "--insecure", "--superlink",
+                                      f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(_free_port()),
+                                      "--node-config", node_cfg])
+    result = _flwr_run(procs, app, "loop", out, timeout=420)
+    print("loopback:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
+    print("\n".join(result["rejection_log"]))
+    server_log = (out / "server.log").read_text()
+    print("\n".join(line for line in server_log.splitlines() if "rejected" in line or "did not reply" in line))
+    assert result["nodes"] == clients and result["steps"] == steps
+    assert result["final_accuracy"] > 0.15
+    assert result["rejected_updates"] >= 1 and result["timeouts"] >= 1
+    assert "rejected update from client" in server_log
+    assert "did not reply within" in server_log
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["accuracy"] == r["accuracy"] for r in records)  # never NaN: the model was never corrupted
+    assert len(MALFORMED) == 7
