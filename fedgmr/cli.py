@@ -192,6 +192,20 @@ def demo(
     typer.echo(f"plot: {out / 'compare.png'}  (total wall time {time.perf_counter() - t0:.1f}s)")
 
 
+@app.command("config")
+def show_config(
+    config: str = typer.Argument("quickstart", help="config file or preset name"),
+    set_: list[str] = typer.Option([], "--set", "-s", help="override a key"),
+) -> None:
+    """Print the fully resolved config (every key with its value) as YAML."""
+    from fedgmr.config import dump_config
+
+    try:
+        typer.echo(dump_config(resolve(config, set_)), nl=False)
+    except FedGMRError as exc:
+        _fail(exc)
+
+
 @app.command()
 def methods() -> None:
     """List the available methods."""

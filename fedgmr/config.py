@@ -206,13 +206,22 @@ class ExperimentConfig(_Section):
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     run: RunConfig = Field(default_factory=lambda: RunConfig(max_steps=100))
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "ExperimentConfig":
+        if self.restoration.per_client_patience is not None and self.data.client_val_fraction <= 0:
+            raise ValueError("restoration.per_client_patience needs data.client_val_fraction > 0 "
+                             "(clients score their local model on their own validation split)")
+        return self
+
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
     key = ".".join(str(p) for p in first["loc"]) or "<root>"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'"
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:
+        return f"invalid config: {msg}"
     return f"invalid value for '{key}': {msg} (got {first.get('input')!r})"
 
 
