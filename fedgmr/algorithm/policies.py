@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from fedgmr.algorithm.encoding import encoded_nbytes
 from fedgmr.algorithm.masks import ims_increments, magnitude_ranking, nested_masks
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.registry import Registry
@@ -36,6 +37,11 @@ class SubmodelPolicy(ABC):
     def refresh(self, step: int, params: torch.Tensor) -> bool:
         """Called after every server step; may recompute masks. Returns True if it did."""
         return False
+
+    def payload_nbytes(self, kept: int) -> int:
+        """Bytes on the wire for a sub-model of ``kept`` coordinates (values plus the
+        smaller mask encoding). Structured policies override it: their slices need no mask."""
+        return encoded_nbytes(self.space.numel, kept)
 
     def increments(self) -> list[torch.Tensor]:
         """IMS blocks: base mask plus the increment of every further level (cached

@@ -20,12 +20,11 @@ from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder
 from fedgmr.baselines.policies import FiarsePolicy, OrderedDropoutPolicy, RollingPolicy, WidthPolicy
-from fedgmr.baselines.server import (BaselineStrategy, BNStatistics, StructuredPayloadSimulator, has_bn,
+from fedgmr.baselines.server import (BaselineStrategy, BNStatistics, has_bn,
                                      label_keep_masks)
 from fedgmr.baselines.training import (FiarseTrainer, ModelSpec, OrderedDropoutTrainer, WidthTrainer,
                                        spec_options)
 from fedgmr.errors import ConfigError
-from fedgmr.sim.simulator import Simulator
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 
 
@@ -41,7 +40,6 @@ class BaselineSetup:
     trainer: Any = None
     strategy_cls: type[MaskedBufferedStrategy] = MaskedBufferedStrategy
     strategy_kwargs: dict[str, Any] = field(default_factory=dict)
-    simulator_cls: type[Simulator] = Simulator
     rule: AggregationRule | None = None
     densities: list[float] | None = None
 
@@ -66,7 +64,7 @@ def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, polic
     if not isinstance(policy, WidthPolicy):
         return None
     spec = policy.structure.build
-    setup = BaselineSetup(simulator_cls=StructuredPayloadSimulator, strategy_cls=BaselineStrategy,
+    setup = BaselineSetup(strategy_cls=BaselineStrategy,
                           densities=policy.level_densities())
     rates, sizes = tuple(policy.rates), tuple(policy.level_sizes())
     if isinstance(policy, OrderedDropoutPolicy):

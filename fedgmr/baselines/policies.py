@@ -13,6 +13,8 @@ parameter fraction of every level.
 
 from __future__ import annotations
 
+from fedgmr.baselines.wire import structured_nbytes
+
 from typing import Any, Sequence
 
 import torch
@@ -28,6 +30,9 @@ from fedgmr.errors import ConfigError
 class WidthPolicy(SubmodelPolicy):
     """HeteroFL: level ``l`` keeps the width-``r_l`` prefix of every hidden dimension.
 
+    A slice travels as a header-only shape description plus its values
+    (:mod:`fedgmr.baselines.wire`): no mask bits.
+
     Prefixes of increasing width are nested, so IMS applies.
 
     Parameters
@@ -42,6 +47,9 @@ class WidthPolicy(SubmodelPolicy):
     name = "heterofl"
     nested = True
     needs_width_builder = True
+
+    def payload_nbytes(self, kept: int) -> int:
+        return structured_nbytes(kept)
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], model: nn.Module, build: WidthBuilder,
                  rates: Sequence[float] | None = None, **_: Any) -> None:

@@ -11,9 +11,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace, get_buffers
 from fedgmr.baselines.structure import WidthStructure
-from fedgmr.baselines.wire import structured_nbytes
 from fedgmr.models.scaler import has_batch_norm, recompute_bn_stats
-from fedgmr.sim.simulator import Simulator
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply, StepReport
 
@@ -95,14 +93,6 @@ class BaselineStrategy(MaskedBufferedStrategy):
         if self.bn_stats is not None:
             self.buffers = self.bn_stats(self.params)
         return report
-
-
-class StructuredPayloadSimulator(Simulator):
-    """Payloads of width-structured sub-models: a header-only shape description plus the
-    values (:mod:`fedgmr.baselines.wire`), no mask bits."""
-
-    def _payload(self, kept: int) -> float:
-        return structured_nbytes(kept) * self.byte_scale
 
 
 def has_bn(model: nn.Module) -> bool:

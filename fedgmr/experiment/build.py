@@ -196,8 +196,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     if net.model_size_mb is not None:
         byte_scale = net.model_size_mb * 1e6 / encoded_nbytes(space.numel, space.numel)
     check = cfg.restoration.check_interval
-    sim_cls = baseline.simulator_cls if baseline is not None else Simulator
-    sim = sim_cls(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
+    sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
                     cfg.run.eval_every, check, byte_scale, cfg.data.client_val_fraction > 0
                     and cfg.restoration.per_client_patience is not None, on_record)
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

@@ -157,7 +157,7 @@ class Simulator:
         heapq.heappush(self.events, _Event(time, self._seq, kind, client, data))
 
     def _payload(self, kept: int) -> float:
-        return encoded_nbytes(self.space.numel, kept) * self.byte_scale
+        return self.strategy.policy.payload_nbytes(kept) * self.byte_scale
 
     @property
     def step(self) -> int:
