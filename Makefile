@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
+# the tests also cover the Ray executor and the Flower deployment: install those extras too
+FULL_STAMP := $(VENV)/.installed-full
+$(FULL_STAMP): $(STAMP)
+	@$(PY) -m pip install -q -e ".[dev,ray,flower]"
+	@touch $(FULL_STAMP)
+
 setup: $(STAMP)
 
 ## make demo: FedGMR vs FedAvg vs FedGMR w/o GMR on digits; prints the compare table, writes demo-out/
@@ -21,11 +27,11 @@ demo: $(STAMP)
 	$(VENV)/bin/fedgmr demo --out demo-out
 
 ## make test: the whole test suite (integration tests on ../shared/data skip when it is absent)
-test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=10
+test: $(FULL_STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 --durations=10
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -n 2 --ignore=tests/distributed
 
 bench: $(STAMP)
 	$(PY) benchmarks/sim_overhead.py

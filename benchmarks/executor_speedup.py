@@ -54,6 +54,31 @@ def timed_run(executor: str, workers: int, steps: int, local_steps: int) -> tupl
     return t1 - t0, t2 - t1, records
 
 
+def _burn(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def free_core_check(workers: int, n: int = 6_000_000) -> float:
+    """Pure-Python work: ``workers`` chunks one after another vs in ``workers`` processes.
+    About ``workers``x on an idle machine; near 1x when other jobs hold the cores, in
+    which case no executor can show a speed-up either."""
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    for _ in range(workers):
+        _burn(n)
+    serial = time.perf_counter() - t0
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(workers) as pool:
+        t0 = time.perf_counter()
+        pool.map(_burn, [n] * workers)
+        parallel = time.perf_counter() - t0
+    return serial / parallel
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -81,6 +106,8 @@ def main() -> None:
                   f"metrics identical to serial: {same}")
             if not same:
                 raise SystemExit(f"{ex} executor gave different metrics")
+    print(f"\nfree-core check (pure Python, {args.workers} processes vs one): "
+          f"{free_core_check(args.workers):.2f}x  (~{args.workers}x on an idle machine)")
     base = statistics.median(wall["serial"])
     print(f"\nmedian of {args.repeats} (run = simulation only; start-up = building the experiment and executor)")
     print(f"{'executor':10s}{'start-up s':>12s}{'run s':>10s}{'speed-up':>10s}{'incl. start-up':>16s}")

@@ -58,7 +58,7 @@ class LoopSettings:
     max_steps: server steps (aggregations) to run.
     k: aggregate once this many new replies arrived (at most ``k`` per step).
     reply_timeout: a dispatched client not heard from after this long is dropped from
-        the step (also the messages' TTL).
+        the step (the messages' TTL is a little longer).
     step_timeout: aggregate with fewer than ``k`` replies after this long, if any arrived.
     max_wall: stop after this long whatever the step (None: no bound).
     eval_every, check_interval: test evaluation / GMR validation every that many steps.
@@ -145,8 +145,10 @@ class BufferedServerLoop:
             fields = encode_instruction(slot, a.version, seed, a.consumes, a.mask, self.strategy.params,
                                         self.strategy.buffers, self.train, self.client_validation)
             nbytes = sum(len(v) for v in fields.values() if isinstance(v, bytes))
-            msg_id = self.link.push(self.node_of_slot[slot], fields, self.settings.reply_timeout,
-                                    str(a.version))
+            # the TTL outlives our own deadline, so a silent client is dropped by the loop
+            # (a timeout); the TTL then lets the SuperLink discard the message
+            ttl = self.settings.reply_timeout + max(5.0, 0.2 * self.settings.reply_timeout)
+            msg_id = self.link.push(self.node_of_slot[slot], fields, ttl, str(a.version))
             self.dispatches[slot] += 1
             if not msg_id:
                 log.warning("client %d (node %d): instruction was not accepted; retrying after the next step",

@@ -50,13 +50,13 @@ def test_process_pool_matches_serial_exactly(serial_run):
 
 
 def test_process_pool_with_spawn_matches_serial(serial_run):
+    """``spawn`` sends the workload through torch's pickler (shared memory): each worker
+    must still train a private model."""
     from fedgmr.sim.executors import ProcessPoolExecutor
-    from fedgmr.experiment import build
 
     records: list[dict] = []
     raw = tiny_config(model={"name": "cnn", "options": {}}, training={"lr": 0.1, "local_steps": 3},
                       run={"max_steps": 16, "eval_every": 2})
-    original = build.EXECUTORS.get("serial")
     exp = build_experiment(resolve_config(raw), on_record=records.append)
     exp.simulator.executor = ProcessPoolExecutor(
         exp.simulator.executor.workload, workers=2, threads=1, start_method="spawn")
@@ -65,12 +65,15 @@ def test_process_pool_with_spawn_matches_serial(serial_run):
         exp.simulator.finish()
     finally:
         exp.simulator.executor.close()
-    assert original is build.EXECUTORS.get("serial")
     _assert_same(serial_run, (records, exp.strategy.params, exp.strategy.buffers))
 
 
-def test_ray_local_matches_serial_exactly(serial_run):
+@pytest.fixture
+def ray_installed() -> None:
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
+
+
+def test_ray_local_matches_serial_exactly(ray_installed, serial_run):
     _assert_same(serial_run, _run("ray"))
 
 
@@ -80,14 +83,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ray_joins_a_cluster_started_with_ray_start(serial_run):
+def test_ray_joins_a_cluster_started_with_ray_start(ray_installed, serial_run):
     """``ray start --head`` on loopback, a port picked here; ``run.ray_address`` joins it.
 
     The head runs with ``--block`` in its own process group, and is stopped by signalling
     that group: ``ray stop`` would also stop every other Ray instance on the machine
     (including a parallel test's).
     """
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
     ray_cli = Path(sys.executable).with_name("ray")
     if not ray_cli.exists():
         pytest.skip("the 'ray' command is not installed next to this Python")

@@ -178,9 +178,10 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
     print("\n".join(line for line in server_log.splitlines() if "rejected" in line or "did not reply" in line))
     assert result["nodes"] == clients and result["steps"] == steps
     assert result["final_accuracy"] > 0.15
-    assert result["rejected_updates"] >= 1 and result["timeouts"] >= 1
+    assert result["rejected_updates"] >= 1
+    assert result["timeouts"] + result["client_errors"] >= 1  # the silent node was given up on
     assert "rejected update from client" in server_log
-    assert "did not reply within" in server_log
+    assert "did not reply within" in server_log or "failed: " in server_log
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["accuracy"] == r["accuracy"] for r in records)  # never NaN: the model was never corrupted
     assert len(MALFORMED) == 7
