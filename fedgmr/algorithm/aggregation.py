@@ -48,18 +48,23 @@ def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequenc
     """
     dtype = torch.float64 if shape.numel() <= (1 << 20) else torch.float32
     acc = torch.zeros(shape, dtype=dtype)
-    den = torch.zeros(shape, dtype=dtype) if coverage else None
+    mask_weight: dict[int, list] = {}  # clients on one level share a mask: one coverage pass each
     for (mask, values), w in zip(updates, weights):
         vals = values.to(dtype)
         if mask_count(mask) == mask.numel():
             acc.add_(vals, alpha=w)
-            if den is not None:
-                den.add_(w)
+        else:
+            acc.index_add_(0, mask_indices(mask), vals, alpha=w)
+        mask_weight.setdefault(id(mask), [mask, 0.0])[1] += w
+    if not coverage:
+        return acc, None
+    den = torch.zeros(shape, dtype=dtype)
+    for mask, w in mask_weight.values():
+        if mask_count(mask) == mask.numel():
+            den.add_(w)
         else:
             idx = mask_indices(mask)
-            acc.index_add_(0, idx, vals, alpha=w)
-            if den is not None:
-                den.index_add_(0, idx, torch.full_like(vals, w))
+            den.index_add_(0, idx, torch.full((idx.numel(),), w, dtype=dtype))
     return acc, den
 
 
