@@ -166,3 +166,10 @@ def test_toml_config_is_accepted(tmp_path: Path):
         'method = "fedgmr_wo_gmr"\n[model]\nname = "mlp"\n[run]\nmax_steps = 4\neval_every = 2\n')
     fedgmr("run", str(tmp_path / "tiny.toml"), "--out", str(tmp_path / "r"), "-q")
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 4
+
+
+def test_a_bad_data_path_leaves_no_half_made_run(tmp_path: Path):
+    out = tmp_path / "r"
+    proc = fedgmr("run", "mnist", "--out", str(out), "--set", f"data.root={tmp_path / 'nowhere'}", check=False)
+    assert proc.returncode == 1 and "train-images-idx3-ubyte" in proc.stderr
+    assert not out.exists()

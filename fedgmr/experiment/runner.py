@@ -88,26 +88,30 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
         lines = metrics_path.read_text().splitlines(keepends=True) if metrics_path.exists() else []
         if len(lines) < keep:
             raise FedGMRError(f"{metrics_path} has {len(lines)} records but the checkpoint expects {keep}")
-        metrics_path.write_text("".join(lines[:keep]))
-    else:
-        if metrics_path.exists() and metrics_path.stat().st_size > 0 and not overwrite:
-            raise FedGMRError(f"{out} already holds a run; pass --resume to continue it or --overwrite")
-        out.mkdir(parents=True, exist_ok=True)
-        metrics_path.write_text("")
-        for stale in (out / SUMMARY_FILE,):
-            stale.unlink(missing_ok=True)
-    (out / CONFIG_FILE).write_text(dump_config(cfg))
+    elif metrics_path.exists() and metrics_path.stat().st_size > 0 and not overwrite:
+        raise FedGMRError(f"{out} already holds a run; pass --resume to continue it or --overwrite")
 
     last_acc: list[float | None] = [None]
-    fh = open(metrics_path, "a")
+    sink: list[Any] = []  # the metrics file, opened once the experiment is built
 
     def on_record(rec: dict[str, Any]) -> None:
-        fh.write(json.dumps(rec) + "\n")
-        fh.flush()
+        sink[0].write(json.dumps(rec) + "\n")
+        sink[0].flush()
         last_acc[0] = rec["accuracy"]
 
     wall0 = time.perf_counter()
+    # build (and load the data) before touching the run directory: a bad data path
+    # leaves no half-made run behind
     exp = build_experiment(cfg, on_record=on_record, data=data)
+    out.mkdir(parents=True, exist_ok=True)
+    if ckpt is not None:
+        metrics_path.write_text("".join(lines[:keep]))
+    else:
+        metrics_path.write_text("")
+        (out / SUMMARY_FILE).unlink(missing_ok=True)
+    (out / CONFIG_FILE).write_text(dump_config(cfg))
+    fh = open(metrics_path, "a")
+    sink.append(fh)
     sim = exp.simulator
     prior_wall = 0.0
     if ckpt is not None:
