@@ -50,7 +50,8 @@ def mask_indices(mask: torch.Tensor) -> torch.Tensor:
 
 
 def gather(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``flat[mask]`` using the cached indices (the whole vector when all are kept)."""
+    """``flat[mask]`` using the cached indices; when every coordinate is kept this is
+    ``flat`` itself (no copy)."""
     if mask_count(mask) == mask.numel():
-        return flat.clone()
+        return flat
     return flat.index_select(0, mask_indices(mask))

@@ -108,7 +108,10 @@ class MaskedBufferedStrategy:
     # ------------------------------------------------------------------ replies
     def receive(self, reply: Reply) -> bool:
         """Validate and store a reply. Invalid replies are logged and rejected; they
-        never touch the global model. Returns True when accepted."""
+        never touch the global model. Returns True when accepted.
+
+        The strategy keeps ``reply.values`` as they are (float32): do not modify them
+        afterwards."""
         try:
             entry = self._validate(reply)
         except InvalidUpdateError as exc:
@@ -160,7 +163,8 @@ class MaskedBufferedStrategy:
             elif b.shape != ref.shape or (b.is_floating_point() and not bool(torch.isfinite(b).all())):
                 raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or non-finite values")
             buffers[name] = b.detach().clone()
-        return _Entry(reply.client_id, reply.version, mask, values.detach().float().clone(),
+        # the strategy takes ownership of the values: no copy unless a conversion is needed
+        return _Entry(reply.client_id, reply.version, mask, values.detach().to(torch.float32),
                       int(reply.num_samples), buffers)
 
     # ------------------------------------------------------------------ aggregation
