@@ -1,4 +1,4 @@
-"""Cached facts about mask tensors (kept count, flat indices).
+"""Cached facts about mask tensors (kept count, flat indices, per-model plans).
 
 Level masks are shared by every client on the level and live for many server steps,
 so counting them or listing their indices once per mask object (not once per use)
@@ -9,44 +9,37 @@ object identity and hold a weak reference, so a replaced mask is simply forgotte
 from __future__ import annotations
 
 import weakref
+from typing import Any, Callable, Hashable, TypeVar
 
 import torch
 
-_CACHE: dict[int, tuple[weakref.ref, int, torch.Tensor | None]] = {}
+T = TypeVar("T")
+_CACHE: dict[int, tuple[weakref.ref, dict[Hashable, Any]]] = {}
 
 
-def _lookup(mask: torch.Tensor) -> tuple[int, torch.Tensor | None] | None:
+def memo(mask: torch.Tensor, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()`` once per (mask object, key); later calls return the cached value."""
     hit = _CACHE.get(id(mask))
-    if hit is not None and hit[0]() is mask:
-        return hit[1], hit[2]
-    return None
-
-
-def _store(mask: torch.Tensor, count: int, indices: torch.Tensor | None) -> None:
-    if len(_CACHE) > 512:
-        for key in [k for k, v in _CACHE.items() if v[0]() is None]:
-            del _CACHE[key]
-    _CACHE[id(mask)] = (weakref.ref(mask), count, indices)
-
-
-def mask_count(mask: torch.Tensor) -> int:
-    """Number of True entries (cached per mask object)."""
-    hit = _lookup(mask)
-    if hit is not None:
-        return hit[0]
-    count = int(mask.sum())
-    _store(mask, count, None)
-    return count
+    if hit is None or hit[0]() is not mask:
+        if len(_CACHE) > 512:
+            for dead in [k for k, v in _CACHE.items() if v[0]() is None]:
+                del _CACHE[dead]
+        hit = (weakref.ref(mask), {})
+        _CACHE[id(mask)] = hit
+    facts = hit[1]
+    if key not in facts:
+        facts[key] = compute()
+    return facts[key]
 
 
 def mask_indices(mask: torch.Tensor) -> torch.Tensor:
     """Flat indices of the True entries, ascending (cached per mask object)."""
-    hit = _lookup(mask)
-    if hit is not None and hit[1] is not None:
-        return hit[1]
-    idx = torch.nonzero(mask.reshape(-1), as_tuple=False).squeeze(1)
-    _store(mask, int(idx.numel()), idx)
-    return idx
+    return memo(mask, "indices", lambda: torch.nonzero(mask.reshape(-1), as_tuple=False).squeeze(1))
+
+
+def mask_count(mask: torch.Tensor) -> int:
+    """Number of True entries (cached per mask object)."""
+    return memo(mask, "count", lambda: int(mask.sum()))
 
 
 def gather(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

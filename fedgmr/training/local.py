@@ -8,42 +8,33 @@ weight-decay term and a zero momentum buffer). Buffers are trained normally, nev
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn as nn
 
+from fedgmr.algorithm.maskinfo import memo
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.training.evaluate import evaluate
 from fedgmr.training.losses import task_loss
 
 
-_PLANS: dict[int, tuple[weakref.ref, int, list[tuple[str, torch.Tensor]]]] = {}
-
-
 def _grad_mask_plan(space: ParamSpace, mask: torch.Tensor | None) -> list[tuple[str, torch.Tensor]]:
-    """Per-parameter float masks for the partly masked parameters of ``mask``.
-
-    Level masks are shared by many jobs, so the plan is cached per mask object (by
-    identity, with a weak reference so replaced masks are forgotten).
-    """
+    """Per-parameter float masks for the partly masked parameters of ``mask``, cached per
+    mask object (level masks are shared by many jobs)."""
     if mask is None:
         return []
-    hit = _PLANS.get(id(mask))
-    if hit is not None and hit[0]() is mask and hit[1] == id(space):
-        return hit[2]
-    plan = []
-    for info in space.params:
-        m = mask[info.slice]
-        if not bool(m.all()):
-            plan.append((info.name, m.view(info.shape).to(torch.float32)))
-    if len(_PLANS) > 256:
-        for key in [k for k, v in _PLANS.items() if v[0]() is None]:
-            del _PLANS[key]
-    _PLANS[id(mask)] = (weakref.ref(mask), id(space), plan)
-    return plan
+
+    def plan() -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for info in space.params:
+            m = mask[info.slice]
+            if not bool(m.all()):
+                out.append((info.name, m.view(info.shape).to(torch.float32)))
+        return out
+
+    return memo(mask, ("grad_plan", space.params), plan)  # keyed by the layout itself
 
 
 @dataclass(frozen=True)
