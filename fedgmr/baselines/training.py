@@ -32,7 +32,7 @@ from fedgmr.baselines.structure import WidthStructure
 from fedgmr.models import build_model
 from fedgmr.models.scaler import attach_scaler
 from fedgmr.training.evaluate import evaluate
-from fedgmr.training.local import TrainOutcome, TrainSettings, masked_local_training
+from fedgmr.training.local import BatchOrder, TrainOutcome, TrainSettings, masked_local_training
 from fedgmr.training.losses import task_loss
 
 
@@ -49,24 +49,6 @@ class ModelSpec:
         opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in self.options}
         opts.pop("width", None)
         return build_model(self.name, self.num_classes, self.input_shape, width=width, **opts)
-
-
-class _Batches:
-    """The batch order of :func:`masked_local_training`: a seeded permutation, reshuffled
-    after each pass."""
-
-    def __init__(self, n: int, batch_size: int, gen: torch.Generator) -> None:
-        self.n, self.bs, self.gen = n, min(batch_size, n), gen
-        self.perm = torch.randperm(n, generator=gen)
-        self.pos = 0
-
-    def next(self) -> torch.Tensor:
-        if self.pos + self.bs > self.n:
-            self.perm = torch.randperm(self.n, generator=self.gen)
-            self.pos = 0
-        idx = self.perm[self.pos:self.pos + self.bs]
-        self.pos += self.bs
-        return idx
 
 
 def _flat_grad(model: nn.Module, space: ParamSpace) -> torch.Tensor:
@@ -180,7 +162,7 @@ class OrderedDropoutTrainer(_WidthBase):
         momentum = torch.zeros_like(w)
         gen = torch.Generator().manual_seed(int(job.seed))
         pgen = torch.Generator().manual_seed((int(job.seed) * 2654435761 + 1) % (2 ** 63))
-        batches = _Batches(len(y), s.batch_size, gen)
+        batches = BatchOrder(len(y), s.batch_size, gen)
         total = 0.0
         last = len(widths) - 1
         for _ in range(s.local_steps):
@@ -269,7 +251,7 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     set_buffers(model, buffers)
     model.train()
     gen = torch.Generator().manual_seed(int(seed))
-    batches = _Batches(len(y), settings.batch_size, gen)
+    batches = BatchOrder(len(y), settings.batch_size, gen)
     total = 0.0
     for _ in range(settings.local_steps):
         idx = batches.next()

@@ -94,6 +94,32 @@ def _partition(cfg: ExperimentConfig, data: FederatedData, rng: np.random.Genera
                           cfg.data.val_fraction, cfg.data.client_val_fraction, data.natural_clients)
 
 
+def client_partition(cfg: ExperimentConfig, data: FederatedData) -> Partition:
+    """The client partition a config makes (from its seed's *partition* stream)."""
+    return _partition(cfg, data, Streams.from_seed(cfg.seed).partition)
+
+
+def train_settings(cfg: ExperimentConfig, data: FederatedData) -> TrainSettings:
+    """Local training settings from the config and the data set's task."""
+    t = cfg.training
+    return TrainSettings(t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_steps, t.loss,
+                         data.task, data.pad_index)
+
+
+def build_workload(cfg: ExperimentConfig, data: FederatedData, partition: Partition,
+                   trainer: Any = None) -> ClientWorkload:
+    """The client side of a run: each client's data shards and one model to train on."""
+    x, y = data.train.x, data.train.y
+    return ClientWorkload(model_factory(cfg, data), [(x[idx], y[idx]) for idx in partition.clients],
+                          [(x[idx], y[idx]) for idx in partition.client_val], train_settings(cfg, data),
+                          trainer=trainer)
+
+
+def wants_client_validation(cfg: ExperimentConfig) -> bool:
+    """Whether clients score their local model (per-client GMR monitors)."""
+    return cfg.data.client_val_fraction > 0 and cfg.restoration.per_client_patience is not None
+
+
 def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, model: nn.Module,
             example: torch.Tensor, width_builder: Callable[[float], nn.Module] | None = None) -> SubmodelPolicy:
     name = cfg.submodel.policy
@@ -154,14 +180,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         agg.max_staleness, agg.fedasync_alpha, _trigger(cfg), cfg.restoration.per_client_patience,
         cfg.restoration.min_delta, **(baseline.strategy_kwargs if baseline is not None else {}),
     )
-    settings = TrainSettings(cfg.training.lr, cfg.training.momentum, cfg.training.weight_decay,
-                             cfg.training.batch_size, cfg.training.local_steps, cfg.training.loss,
-                             data.task, data.pad_index)
+    workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
     x, y = data.train.x, data.train.y
-    client_data = [(x[idx], y[idx]) for idx in partition.clients]
-    client_val = [(x[idx], y[idx]) for idx in partition.client_val]
-    workload = ClientWorkload(factory, client_data, client_val, settings,
-                              trainer=baseline.trainer if baseline is not None else None)
     executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)
 
     eval_model = factory()
@@ -197,6 +217,5 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         byte_scale = net.model_size_mb * 1e6 / encoded_nbytes(space.numel, space.numel)
     check = cfg.restoration.check_interval
     sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
-                    cfg.run.eval_every, check, byte_scale, cfg.data.client_val_fraction > 0
-                    and cfg.restoration.per_client_patience is not None, on_record)
+                    cfg.run.eval_every, check, byte_scale, wants_client_validation(cfg), on_record)
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

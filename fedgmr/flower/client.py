@@ -22,7 +22,6 @@ import torch
 from fedgmr.config import ExperimentConfig
 from fedgmr.flower.payload import decode_instruction, encode_reply
 from fedgmr.sim.executor import ClientWorkload, TrainJob
-from fedgmr.training.local import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +57,10 @@ def workload_for(cfg: ExperimentConfig) -> ClientWorkload:
     key = cfg.model_dump_json()
     if key not in _WORKLOADS:
         from fedgmr.data import load_dataset
-        from fedgmr.experiment.build import Streams, _partition, model_factory
+        from fedgmr.experiment.build import build_workload, client_partition
 
         data = load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
-        partition = _partition(cfg, data, Streams.from_seed(cfg.seed).partition)
-        t = cfg.training
-        settings = TrainSettings(t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_steps, t.loss,
-                                 data.task, data.pad_index)
-        x, y = data.train.x, data.train.y
-        _WORKLOADS[key] = ClientWorkload(model_factory(cfg, data), [(x[i], y[i]) for i in partition.clients],
-                                         [(x[i], y[i]) for i in partition.client_val], settings)
+        _WORKLOADS[key] = build_workload(cfg, data, client_partition(cfg, data))
     return _WORKLOADS[key]
 
 

@@ -32,7 +32,7 @@ def _num(run_config: Mapping[str, Any], key: str, default: float | None) -> floa
 
 def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Run FedGMR's buffered loop over ``link``; returns the summary."""
-    from fedgmr.experiment.build import build_experiment
+    from fedgmr.experiment.build import build_experiment, wants_client_validation
 
     out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
     handler: logging.Handler | None = None
@@ -72,9 +72,8 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
                 metrics.flush()
 
         workload = exp.simulator.executor.workload  # type: ignore[attr-defined]
-        client_validation = cfg.data.client_val_fraction > 0 and cfg.restoration.per_client_patience is not None
         loop = BufferedServerLoop(exp.strategy, link, nodes[:n], exp.simulator.evaluator, settings,
-                                  workload.settings, cfg.seed, client_validation, on_record)
+                                  workload.settings, cfg.seed, wants_client_validation(cfg), on_record)
         try:
             records = loop.run()
         finally:

@@ -37,6 +37,24 @@ def _grad_mask_plan(space: ParamSpace, mask: torch.Tensor | None) -> list[tuple[
     return memo(mask, ("grad_plan", space.params), plan)  # keyed by the layout itself
 
 
+class BatchOrder:
+    """The clients' batch order: batches of ``batch_size`` (at most ``n``) drawn without
+    replacement from a permutation seeded by ``gen``, reshuffled after each pass."""
+
+    def __init__(self, n: int, batch_size: int, gen: torch.Generator) -> None:
+        self.n, self.bs, self.gen = n, min(batch_size, n), gen
+        self.perm = torch.randperm(n, generator=gen)
+        self.pos = 0
+
+    def next(self) -> torch.Tensor:
+        if self.pos + self.bs > self.n:
+            self.perm = torch.randperm(self.n, generator=self.gen)
+            self.pos = 0
+        idx = self.perm[self.pos:self.pos + self.bs]
+        self.pos += self.bs
+        return idx
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """Local optimisation settings (SGD)."""
@@ -96,18 +114,11 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         for group in opt.param_groups:
             group.update(lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(int(seed))
-    n = len(y)
-    bs = min(settings.batch_size, n)
-    perm = torch.randperm(n, generator=gen)
-    pos = 0
+    batches = BatchOrder(len(y), settings.batch_size, gen)
     model.train()
     total_loss = torch.zeros(())
     for _ in range(settings.local_steps):
-        if pos + bs > n:
-            perm = torch.randperm(n, generator=gen)
-            pos = 0
-        idx = perm[pos:pos + bs]
-        pos += bs
+        idx = batches.next()
         opt.zero_grad(set_to_none=True)
         loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
         loss.backward()
@@ -123,4 +134,4 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     if val is not None and len(val[1]) > 0:
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
     return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(settings.local_steps, 1),
-                        settings.local_steps * bs, val_score)
+                        settings.local_steps * batches.bs, val_score)
