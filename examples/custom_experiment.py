@@ -20,7 +20,7 @@ cfg = resolve_config({
     "data": {"name": "digits", "partition": "dirichlet", "alpha": 0.3},
     "clients": {"num_clients": 20, "heterogeneity": "medium"},
     "training": {"lr": 0.2},
-    "restoration": {"patience": 2},
+    "restoration": {"check_interval": 5, "patience": 2},
     "run": {"max_steps": 60, "eval_every": 20},
 })
 exp = build_experiment(cfg, on_record=lambda r: print(f"t={r['time']:7.1f}s step {r['step']:3d} "

@@ -99,12 +99,14 @@ def format_compare(result: dict[str, Any]) -> str:
     from rich.table import Table
 
     table = Table(title=f"Acc@t* (t* = {result['t_star']:,.0f} s)  |  time-to-{100 * result['target']:.1f}%")
-    for col in ("method", "run", "Acc@t* (%)", "final (%)", "end time (s)", "time to target (s)"):
+    for col in ("method", "run", "Acc@t* (%)", "window", "final (%)", "end time (s)", "time to target (s)"):
         table.add_column(col, justify="right" if col not in ("method", "run") else "left")
     for r in result["runs"]:
         acc = "n/a" if math.isnan(r["acc_at_t"]) else f"{100 * r['acc_at_t']:.2f} ± {100 * r['std']:.2f}"
         ttt = "never" if math.isnan(r["time_to_target"]) else f"{r['time_to_target']:,.1f}"
-        table.add_row(r["method"], r["run"], acc, f"{100 * r['final_accuracy']:.2f}", f"{r['end_time']:,.1f}", ttt)
+        window = "±10 evals" if r["window"] is None else f"±{r['window']:,.0f} s"
+        table.add_row(r["method"], r["run"], acc, window, f"{100 * r['final_accuracy']:.2f}", f"{r['end_time']:,.1f}",
+                      ttt)
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
     console.print(table)
     text = console.export_text()
@@ -118,15 +120,18 @@ def compare(
     runs: list[Path] = typer.Argument(..., help="run directories; the first is the method, the rest baselines"),
     t_star: float = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*"),
     target: Optional[float] = typer.Option(None, "--target", help="accuracy (0-1) for time-to-accuracy"),
+    window: Optional[float] = typer.Option(None, "--window", help="Acc@t* half-window in virtual seconds for every "
+                                           "run (default: 10 x each run's evaluation interval)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="also write a comparison PNG"),
 ) -> None:
-    """Compare runs: Acc@t* ± std, MRI of the first run, time-to-accuracy."""
+    """Compare runs: Acc@t* ± std (over the evaluations in the window), MRI of the first
+    run, time-to-accuracy."""
     from fedgmr.experiment.metrics import compare_runs, read_metrics
     from fedgmr.experiment.plots import plot_runs
 
     try:
-        result = compare_runs(runs, t_star, target)
+        result = compare_runs(runs, t_star, target, span=window)
         if plot is not None:
             plot_runs([(r["method"], read_metrics(r["run"])) for r in result["runs"]], plot, t_star=t_star)
     except FedGMRError as exc:

@@ -92,14 +92,44 @@ class BaselineConfig(_Section):
 
 
 class SubmodelConfig(_Section):
-    """Sub-model policy and density ladder (SPEC 3)."""
+    """Sub-model policy and density ladder (SPEC 3).
+
+    density_basis: what a density counts. ``model``: a level-ρ mask holds ρ of all the
+        model's coordinates, the always-kept ones (output layer, biases, norms) included,
+        so its payload weighs ρ x the full model as in the paper's Table 12. ``prunable``:
+        ρ of the prunable weights, the always-kept ones on top (the authors' mask count).
+    cost_weighted: rank coordinates by ``|w| / c_l`` with the authors' per-layer cost
+        ``c_l = comm + T comp_l`` (seconds per parameter; docs/methods.md).
+    layer_costs: explicit ``c_l`` per prunable layer (a list in layer order, or a mapping
+        by parameter name); None derives them from the simulator's time model.
+    refresh_every: recompute the ranking every that many server steps;
+        ``check_interval`` (the authors' cadence) follows ``restoration.check_interval``;
+        null never refreshes.
+    """
 
     policy: str = "magnitude"
     ladder: list[float] = Field(default_factory=lambda: [0.05, 0.1, 0.2, 0.5, 1.0])
+    density_basis: Literal["model", "prunable"] = "model"
     layer_floor: float = Field(0.02, ge=0, le=1)
     cost_weighted: bool = False
-    refresh_every: int | None = Field(None, ge=1)
+    layer_costs: list[float] | dict[str, float] | None = None
+    refresh_every: int | Literal["check_interval"] | None = "check_interval"
     baseline: BaselineConfig = Field(default_factory=BaselineConfig)
+
+    @field_validator("refresh_every")
+    @classmethod
+    def _refresh(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1, 'check_interval' or null")
+        return v
+
+    @field_validator("layer_costs")
+    @classmethod
+    def _costs(cls, v: list[float] | dict[str, float] | None) -> list[float] | dict[str, float] | None:
+        values = list(v.values()) if isinstance(v, dict) else v
+        if values is not None and (not values or any(not c > 0 for c in values)):
+            raise ValueError("must be positive costs, one per prunable layer")
+        return v
 
     @field_validator("ladder")
     @classmethod
@@ -116,22 +146,31 @@ class StalenessConfig(_Section):
 
 
 class AggregationConfig(_Section):
-    """Aggregation rule, weighting, staleness and buffer (SPEC 4)."""
+    """Aggregation rule, weighting, staleness, buffer and BatchNorm statistics (SPEC 4).
+
+    weighting: beta = s(tau) x the client's training-set size (``samples``), x the
+        samples its local steps processed (``processed``, the authors' count), or s(tau)
+        alone (``equal``).
+    bn_stats: how BatchNorm running statistics are aggregated: only full-density
+        clients' (``full``), weighted by density (``density``), every client's
+        (``all``), or re-estimated on the server's validation split (``server``).
+    """
 
     rule: str = "ma"
-    weighting: Literal["samples", "equal"] = "samples"
+    weighting: Literal["samples", "processed", "equal"] = "samples"
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     buffer: bool = True
     max_staleness: int | None = Field(None, ge=0)
-    fedasync_alpha: float = Field(0.6, gt=0, le=1)
+    fedasync_alpha: float = Field(0.9, gt=0, le=1)
+    bn_stats: Literal["full", "density", "all", "server"] = "full"
 
 
 class RestorationConfig(_Section):
     """Gradual Model Restoration (SPEC 5)."""
 
     trigger: Literal["early_stopping", "fixed_time", "none"] = "early_stopping"
-    check_interval: int = Field(5, ge=1)
-    patience: int = Field(3, ge=1)
+    check_interval: int = Field(25, ge=1)
+    patience: int = Field(5, ge=1)
     min_delta: float = Field(0.0, ge=0)
     cooldown: int | None = Field(None, ge=0)
     per_client_patience: int | None = Field(None, ge=1)
@@ -143,7 +182,7 @@ class CoordinationConfig(_Section):
     """When the server aggregates (SPEC 6.4)."""
 
     mode: Literal["semi_async", "sync"] = "semi_async"
-    trigger: Literal["k", "deadline"] = "k"
+    trigger: Literal["k", "deadline"] = "deadline"
     k: int = Field(3, ge=1)
     deadline_slack: float = Field(0.5, ge=0)
     server_time: float = Field(0.5, ge=0)
@@ -169,11 +208,18 @@ class NetworkConfig(_Section):
 
 
 class RunConfig(_Section):
-    """Run length, evaluation, checkpoints and execution."""
+    """Run length, evaluation, checkpoints and execution.
+
+    eval_interval: test evaluation on a virtual-time grid, every that many seconds, the
+        same grid for every method (SPEC 9). eval_every: instead, every that many server
+        steps (the authors' cadence). Set at most one; with neither, the grid is
+        ``max_time / 100`` (or every 5 steps when only ``max_steps`` is set).
+    """
 
     max_steps: int | None = Field(None, ge=1)
     max_time: float | None = Field(None, gt=0)
-    eval_every: int = Field(5, ge=1)
+    eval_interval: float | None = Field(None, gt=0)
+    eval_every: int | None = Field(None, ge=1)
     checkpoint_every: int | None = Field(None, ge=1)
     executor: str = "serial"
     workers: int | None = Field(None, ge=1)
@@ -186,6 +232,14 @@ class RunConfig(_Section):
     def _length(self) -> "RunConfig":
         if self.max_steps is None and self.max_time is None:
             raise ValueError("set max_steps or max_time")
+        if self.eval_interval is not None and self.eval_every is not None:
+            raise ValueError("set one of run.eval_interval (virtual seconds) and run.eval_every (server steps), "
+                             "not both (e.g. --set run.eval_interval=null for the step cadence)")
+        if self.eval_interval is None and self.eval_every is None:
+            if self.max_time is not None:
+                self.eval_interval = self.max_time / 100
+            else:
+                self.eval_every = 5
         return self
 
 

@@ -1,7 +1,9 @@
 """Named methods: each is FedGMR's machinery with some settings fixed.
 
 A method fixes the config keys that define it (e.g. ``fedgmr_wo_gmr`` fixes
-``restoration.trigger: none``); everything else stays configurable. Register your own::
+``restoration.trigger: none``) and may change the defaults of others (``fedasync``'s
+alpha 0.9 and staleness exponent 0.5, which a config can still set); everything else
+stays configurable. Register your own::
 
     from fedgmr.methods import METHODS, Method
     METHODS.register("my_variant", Method("my_variant", "FedGMR with GA", {"aggregation.rule": "ga"}))
@@ -19,11 +21,12 @@ from fedgmr.registry import Registry
 
 @dataclass(frozen=True)
 class Method:
-    """A named bundle of fixed settings."""
+    """A named bundle of fixed settings, plus defaults a config may override."""
 
     name: str
     description: str
     fixed: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 METHODS: Registry[Method] = Registry("method")
@@ -44,9 +47,12 @@ for _m in [
     Method("fedavg", "Synchronous FedAvg on the full model, sample-weighted",
            {**_FULL_MODEL, "coordination.mode": "sync", "aggregation.rule": "ma", "aggregation.buffer": False,
             "aggregation.staleness.kind": "constant", "aggregation.weighting": "samples"}),
-    Method("fedasync", "FedAsync: each full-model arrival mixed in with alpha * s(tau)",
+    Method("fedasync", "FedAsync: each full-model arrival mixed in on its own, with alpha * s(tau)",
            {**_FULL_MODEL, "coordination.mode": "semi_async", "coordination.trigger": "k", "coordination.k": 1,
-            "aggregation.rule": "fedasync", "aggregation.buffer": False}),
+            "aggregation.rule": "fedasync", "aggregation.buffer": False},
+           # BASELINES.md's common setting; the authors' runs used a = 0.6
+           {"aggregation.fedasync_alpha": 0.9, "aggregation.staleness.kind": "polynomial",
+            "aggregation.staleness.a": 0.5}),
 ]:
     METHODS.register(_m.name, _m)
 
@@ -66,11 +72,16 @@ _SYNC = {"coordination.mode": "sync", "aggregation.buffer": False, "aggregation.
          "restoration.trigger": "none", "network.ims": False}
 _AUX = {"coordination.mode": "semi_async", "aggregation.buffer": True, "network.ims": True}
 for _name, (_desc, _fixed) in _BASELINES.items():
+    _aux = dict(_AUX)
+    _aux_desc = " + Aux (semi-async, buffer, IMS)"
+    if _name == "fiarse":  # its rule applies each client delta once: arrivals only
+        _aux["aggregation.buffer"] = False
+        _aux_desc = " + Aux (semi-async, IMS; arrivals only: deltas are applied once)"
     METHODS.register(_name, Method(_name, _desc + " (synchronous, as published)", {**_fixed, **_SYNC}))
-    METHODS.register(f"{_name}_aux", Method(f"{_name}_aux", _desc + " + Aux (semi-async, buffer, IMS)",
-                                            {**_fixed, **_AUX, "restoration.trigger": "none"}))
-    METHODS.register(f"{_name}_aux_gmr", Method(f"{_name}_aux_gmr", _desc + " + Aux + GMR restoration",
-                                                {**_fixed, **_AUX, "restoration.trigger": "early_stopping"}))
+    METHODS.register(f"{_name}_aux", Method(f"{_name}_aux", _desc + _aux_desc,
+                                            {**_fixed, **_aux, "restoration.trigger": "none"}))
+    METHODS.register(f"{_name}_aux_gmr", Method(f"{_name}_aux_gmr", _desc + _aux_desc.replace(")", ") + GMR"),
+                                                {**_fixed, **_aux, "restoration.trigger": "early_stopping"}))
 
 
 def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None) -> ExperimentConfig:
@@ -81,6 +92,9 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
     """
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     method = METHODS.get(str(data.get("method", "fedgmr")))
+    for key, value in method.defaults.items():
+        if get_dotted(data, key) is None:
+            _set_copy(data, key, value)
     for key, value in method.fixed.items():
         if explicit and key in explicit and explicit[key] != value:
             raise ConfigError(f"'{key}' is fixed to {value!r} by method '{method.name}' (got {explicit[key]!r})")

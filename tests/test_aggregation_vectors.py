@@ -16,6 +16,7 @@ from fedgmr.algorithm.aggregation import (
     coverage_counts,
     dense,
     fedasync_mix,
+    delta_average,
     gradient_average,
     mask_aware_average,
     zero_padded_average,
@@ -107,11 +108,11 @@ def test_fa_zero_padded_vector():
 
 # ---------------------------------------------------------------------------- GA
 
-def test_ga_equal_weights_is_mean_of_masked_deltas_diluted():
+def test_ga_delta_equal_weights_is_mean_of_masked_deltas_diluted():
     prev = torch.arange(16, dtype=torch.float32)
     # A's delta is +1 everywhere, B's delta is +3 on the block only
     deltas = [_update(_full_4x4(), 1.0), _update(_block_4x4(), 3.0)]
-    out = gradient_average(prev, deltas, [1.0, 1.0])
+    out = delta_average(prev, deltas, [1.0, 1.0])
     block = _block_4x4()
     expected = prev.clone()
     expected[block] += (1.0 + 3.0) / 2  # 2
@@ -120,21 +121,46 @@ def test_ga_equal_weights_is_mean_of_masked_deltas_diluted():
     # by definition: W + (1/C) sum_i dense(delta_i)
     by_def = prev + (dense(*deltas[0]) + dense(*deltas[1])) / 2
     assert torch.allclose(out, by_def, rtol=0, atol=0)
-    assert RULES.get("ga").consumes == "delta"
+    assert RULES.get("ga_delta").consumes == "delta"
 
 
-def test_ga_weighted():
+def test_ga_delta_weighted():
     prev = torch.zeros(16)
     deltas = [_update(_full_4x4(), 1.0), _update(_block_4x4(), 3.0)]
-    out = gradient_average(prev, deltas, [1.0, 3.0]).view(4, 4)
+    out = delta_average(prev, deltas, [1.0, 3.0]).view(4, 4)
     expected = torch.full((4, 4), 0.25)  # (1*1 + 3*0) / 4
     expected[:2, :2] = 2.5  # (1*1 + 3*3) / 4
     assert torch.equal(out, expected)
 
 
+def test_ga_on_fresh_models_equals_ga_on_their_deltas():
+    # clients downloaded W = prev: their models are prev + delta on their masks
+    prev = torch.arange(16, dtype=torch.float32)
+    full, block = _full_4x4(), _block_4x4()
+    models = [(full, prev[full] + 1.0), (block, prev[block] + 3.0)]
+    deltas = [_update(full, 1.0), _update(block, 3.0)]
+    for w in ([1.0, 1.0], [1.0, 3.0]):
+        assert torch.equal(gradient_average(prev, models, w), delta_average(prev, deltas, w))
+    assert RULES.get("ga").consumes == "model"
+
+
+def test_ga_vector_on_the_ma_case():
+    # TESTS.md's MA case (global zeros; A full returns 2s, B block returns 4s), under GA:
+    # W + (1/2)[(2 - 0) + (4 - 0) m_B] -> block (2 + 4) / 2 = 3, elsewhere 2 / 2 = 1
+    out = gradient_average(torch.zeros(16), _ab_updates(), [1.0, 1.0]).view(4, 4)
+    expected = torch.full((4, 4), 1.0)
+    expected[:2, :2] = 3.0
+    assert torch.equal(out, expected)
+    # a stale buffered model used again pulls W toward it, never past it: W = 1 where
+    # only A (2s) and B (outside its block) cover -> 1 + (1/2)(2 - 1) = 1.5
+    again = gradient_average(out.view(-1), _ab_updates(), [1.0, 1.0]).view(4, 4)
+    assert again[3, 3] == 1.5 and again[0, 0] == 3.0
+
+
 def test_ga_no_updates_is_identity():
     prev = torch.randn(16)
     assert torch.equal(gradient_average(prev, [], []), prev)
+    assert torch.equal(delta_average(prev, [], []), prev)
 
 
 # ---------------------------------------------------------------------------- FedAsync

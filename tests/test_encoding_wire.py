@@ -1,26 +1,29 @@
-"""Sparse wire encoding: round trips, exact sizes and rejection of malformed payloads."""
+"""Sparse wire payloads: round trips, exact sizes (values only up, values + mask code
+down) and rejection of malformed payloads."""
 
 from __future__ import annotations
 
-import math
 import struct
 
-import numpy as np
 import pytest
 import torch
 
 from fedgmr.algorithm.encoding import (
     HEADER_BYTES,
     MAGIC,
+    MASK_HEADER_BYTES,
+    MAX_NUMEL,
     decode_sparse,
+    encode_mask,
     encode_sparse,
-    encoded_nbytes,
-    mask_nbytes,
+    mask_code_nbytes,
+    payload_nbytes,
+    sparse_header,
 )
 from fedgmr.errors import InvalidUpdateError
 
-HEADER = struct.Struct("<4sBBII")
-BITMASK, INDICES, DENSE = 0, 1, 2
+HEADER = struct.Struct("<4sBBII")  # magic, version, flags, N, k
+VALUES_ONLY, WITH_MASK = 0, 1
 
 
 def _case(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,69 +34,69 @@ def _case(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return mask, values
 
 
-def _kind(data: bytes) -> int:
-    return HEADER.unpack_from(data)[2]
-
-
 CASES = {
-    "bitmask": (1000, 400, BITMASK),   # ceil(1000/8) = 125 bytes < 1600
-    "index": (1000, 3, INDICES),       # 12 bytes < 125
-    "full": (1000, 1000, DENSE),       # no mask bytes at all
-    "empty": (1000, 0, INDICES),       # 0 bytes of indices
+    "half": (1000, 400),
+    "few": (1000, 3),
+    "full": (1000, 1000),
+    "empty": (1000, 0),
+    "odd": (13, 7),
+    "sparse-large": (100_003, 5000),
+    "dense-large": (100_003, 97_000),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_round_trip_and_exact_size(name):
-    n, k, kind = CASES[name]
+def test_download_round_trip_and_exact_size(name):
+    n, k = CASES[name]
     mask, values = _case(n, k)
-    data = encode_sparse(mask, values)
+    data = encode_sparse(mask, values)  # send_mask defaults to True
     assert isinstance(data, bytes)
-    assert len(data) == encoded_nbytes(n, k)
-    assert len(data) == HEADER_BYTES + mask_nbytes(n, k) + 4 * k
-    assert _kind(data) == kind
+    assert len(data) == payload_nbytes(k, mask_code_nbytes(mask)) == HEADER_BYTES + len(encode_mask(mask)) + 4 * k
+    assert HEADER.unpack_from(data) == (MAGIC, 2, WITH_MASK, n, k)
+    assert data[HEADER_BYTES:HEADER_BYTES + mask_code_nbytes(mask)] == encode_mask(mask)
     m2, v2 = decode_sparse(data, expected_numel=n, max_bytes=len(data))
     assert m2.dtype == torch.bool and v2.dtype == torch.float32
     assert torch.equal(m2, mask)
     assert torch.equal(v2, values)
 
 
-def test_header_layout():
-    mask, values = _case(64, 10)
-    data = encode_sparse(mask, values)
-    assert HEADER_BYTES == 14
-    magic, version, kind, n, k = HEADER.unpack_from(data)
-    assert (magic, version, n, k) == (MAGIC, 1, 64, 10)
+@pytest.mark.parametrize("name", list(CASES))
+def test_upload_is_header_plus_values_and_decodes_against_the_assigned_mask(name):
+    n, k = CASES[name]
+    mask, values = _case(n, k)
+    data = encode_sparse(mask, values, send_mask=False)
+    assert len(data) == payload_nbytes(k) == HEADER_BYTES + 4 * k
+    assert HEADER.unpack_from(data) == (MAGIC, 2, VALUES_ONLY, n, k)
+    assert sparse_header(data) == (n, k, False)
+    m2, v2 = decode_sparse(data, expected_numel=n, max_bytes=len(data), mask=mask)
+    assert m2 is mask  # the receiver's own mask object, not a copy
+    assert torch.equal(v2, values)
 
 
-def test_encoder_picks_the_smaller_mask_encoding():
-    n = 800  # bitmask = 100 bytes; indices = 4k bytes
-    for k in (1, 10, 24, 25, 26, 100, 799):
-        mask, values = _case(n, k, seed=k)
-        data = encode_sparse(mask, values)
-        assert len(data) - HEADER_BYTES - 4 * k == min(math.ceil(n / 8), 4 * k)
-        assert len(data) == encoded_nbytes(n, k)
-        expected_kind = INDICES if 4 * k < math.ceil(n / 8) else BITMASK
-        assert _kind(data) == expected_kind, k
-        m2, v2 = decode_sparse(data, expected_numel=n)
-        assert torch.equal(m2, mask) and torch.equal(v2, values)
+def test_full_mask_download_carries_the_header_only_all_code():
+    mask, values = _case(64, 64)
+    data = encode_sparse(mask, values, send_mask=True)
+    assert mask_code_nbytes(mask) == MASK_HEADER_BYTES
+    assert len(data) == HEADER_BYTES + MASK_HEADER_BYTES + 4 * 64
+    assert HEADER_BYTES == 14 and MASK_HEADER_BYTES == 9
 
 
-def test_mask_nbytes_vectors():
-    assert mask_nbytes(100, 100) == 0
-    assert mask_nbytes(100, 50) == 13
-    assert mask_nbytes(1000, 3) == 12
-    assert encoded_nbytes(1000, 3) == 14 + 12 + 12
-    assert encoded_nbytes(1000, 3, value_bytes=2) == 14 + 12 + 6
+def test_sizes_match_payload_nbytes_over_many_masks():
+    for seed, (n, rho) in enumerate([(17, 0.3), (1024, 0.01), (5000, 0.5), (5001, 0.9), (777, 1.0), (9, 0.0)]):
+        mask = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < rho
+        values = torch.randn(int(mask.sum()))
+        k = int(mask.sum())
+        assert len(encode_sparse(mask, values, send_mask=True)) == payload_nbytes(k, mask_code_nbytes(mask))
+        assert len(encode_sparse(mask, values, send_mask=False)) == payload_nbytes(k, 0)
 
 
-def test_non_multiple_of_eight_bitmask_round_trip():
-    mask, values = _case(13, 7)
-    data = encode_sparse(mask, values)
-    assert _kind(data) == BITMASK
-    assert len(data) == encoded_nbytes(13, 7)
-    m2, v2 = decode_sparse(data, expected_numel=13)
-    assert torch.equal(m2, mask) and torch.equal(v2, values)
+def test_payload_carrying_a_mask_returns_it_even_when_one_is_passed():
+    assigned, _ = _case(200, 50, seed=1)
+    smaller = assigned.clone()
+    smaller[torch.nonzero(assigned)[:10, 0]] = False
+    values = torch.randn(40)
+    m2, v2 = decode_sparse(encode_sparse(smaller, values, send_mask=True), mask=assigned)
+    assert torch.equal(m2, smaller) and torch.equal(v2, values)
 
 
 def test_float64_values_are_sent_as_float32():
@@ -101,88 +104,103 @@ def test_float64_values_are_sent_as_float32():
     m2, v2 = decode_sparse(encode_sparse(mask, values.double()))
     assert v2.dtype == torch.float32
     assert torch.equal(v2, values)
+    _, v3 = decode_sparse(encode_sparse(mask, values.double(), send_mask=False), mask=mask)
+    assert torch.equal(v3, values)
 
 
-def test_encode_rejects_value_count_mismatch():
+def test_encode_rejects_value_count_mismatch_and_non_bool_masks():
     mask, values = _case(50, 5)
     with pytest.raises(ValueError):
         encode_sparse(mask, values[:4])
+    with pytest.raises(ValueError):
+        encode_sparse(mask, values[:4], send_mask=False)
+    with pytest.raises(ValueError):
+        encode_sparse(mask.float(), values)
 
 
 # ---------------------------------------------------------------------------- decode rejections
 
-def _reject(data: bytes, **kw) -> None:
-    with pytest.raises(InvalidUpdateError):
+def _reject(data: bytes, match: str | None = None, **kw) -> None:
+    with pytest.raises(InvalidUpdateError, match=match):
         decode_sparse(data, **kw)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_truncated_payload(name):
-    n, k, _ = CASES[name]
-    data = encode_sparse(*_case(n, k))
-    _reject(data[:-1])
-    _reject(data + b"\x00")
-    _reject(data[:HEADER_BYTES - 1])
-    _reject(b"")
+@pytest.mark.parametrize("send_mask", [True, False])
+def test_truncated_payload(name, send_mask):
+    n, k = CASES[name]
+    mask, values = _case(n, k)
+    data = encode_sparse(mask, values, send_mask=send_mask)
+    kw = {} if send_mask else {"mask": mask}
+    _reject(data[:-1], **kw)
+    _reject(data + b"\x00", **kw)
+    _reject(data[:HEADER_BYTES - 1], match="shorter than its header", **kw)
+    _reject(b"", **kw)
+    if send_mask:
+        _reject(data[:HEADER_BYTES + 4 * k], **kw)  # values present, mask code cut off
 
 
-def test_wrong_magic_version_and_kind():
+def test_wrong_magic_version_and_flags():
     data = encode_sparse(*_case(100, 50))
-    _reject(b"XGMR" + data[4:])
-    _reject(data[:4] + bytes([2]) + data[5:])   # format version
-    _reject(data[:5] + bytes([7]) + data[6:])   # mask kind
+    _reject(b"XGMR" + data[4:], match="bad header")
+    _reject(data[:4] + bytes([1]) + data[5:], match="bad header")   # the old format version
+    _reject(data[:5] + bytes([2]) + data[6:], match="bad header")   # unknown flag bit
 
 
-def test_wrong_expected_numel():
-    data = encode_sparse(*_case(100, 50))
-    _reject(data, expected_numel=101)
+def test_wrong_expected_numel_and_assigned_mask_size():
+    mask, values = _case(100, 50)
+    data = encode_sparse(mask, values)
+    _reject(data, expected_numel=101, match="the model has 101")
     decode_sparse(data, expected_numel=100)
+    up = encode_sparse(mask, values, send_mask=False)
+    _reject(up, expected_numel=101, mask=mask)
+    _reject(up, mask=torch.cat([mask, mask[:1]]), match="coordinates")
+
+
+def test_values_only_payload_needs_the_assigned_mask_with_the_right_count():
+    mask, values = _case(100, 50)
+    up = encode_sparse(mask, values, send_mask=False)
+    _reject(up, match="no assigned mask")
+    other = mask.clone()
+    other[torch.nonzero(~mask)[0]] = True  # 51 coordinates
+    _reject(up, mask=other, match="assigned mask keeps 51")
+    _reject(up, mask=torch.ones(100, dtype=torch.bool), match="assigned mask keeps 100")
 
 
 def test_oversized_payload_with_max_bytes():
-    data = encode_sparse(*_case(100, 50))
-    _reject(data, max_bytes=len(data) - 1)
-    decode_sparse(data, max_bytes=len(data))
+    for send_mask in (True, False):
+        mask, values = _case(100, 50)
+        data = encode_sparse(mask, values, send_mask=send_mask)
+        kw = {} if send_mask else {"mask": mask}
+        _reject(data, max_bytes=len(data) - 1, match="exceeds the limit", **kw)
+        decode_sparse(data, max_bytes=len(data), **kw)
 
 
-def test_k_larger_than_n_and_dense_count_mismatch():
-    _reject(HEADER.pack(MAGIC, 1, INDICES, 4, 5) + b"\x00" * (4 * 5 + 4 * 5))
-    _reject(HEADER.pack(MAGIC, 1, DENSE, 4, 3) + b"\x00" * 12)
+def test_k_larger_than_n_and_oversized_numel():
+    _reject(HEADER.pack(MAGIC, 2, VALUES_ONLY, 4, 5) + b"\x00" * 20, mask=torch.ones(4, dtype=torch.bool))
+    _reject(HEADER.pack(MAGIC, 2, WITH_MASK, 4, 5) + b"\x00" * 40, match="5 of 4")
+    _reject(HEADER.pack(MAGIC, 2, WITH_MASK, MAX_NUMEL + 1, 0) + b"\x00" * 9, match="more than")
 
 
-def _indices_payload(n: int, idx: list[int]) -> bytes:
-    k = len(idx)
-    return (HEADER.pack(MAGIC, 1, INDICES, n, k) + struct.pack(f"<{k}I", *idx)
-            + struct.pack(f"<{k}f", *[1.0] * k))
+def test_mask_code_population_must_match_the_value_count():
+    mask, _ = _case(100, 2, seed=3)  # the mask code keeps 2 coordinates
+    crafted = HEADER.pack(MAGIC, 2, WITH_MASK, 100, 3) + encode_mask(mask) + struct.pack("<3f", 1, 2, 3)
+    _reject(crafted, match="keeps 2 coordinates")
+    ok = HEADER.pack(MAGIC, 2, WITH_MASK, 100, 2) + encode_mask(mask) + struct.pack("<2f", 1, 2)
+    m, v = decode_sparse(ok, expected_numel=100)
+    assert torch.equal(m, mask) and v.tolist() == [1.0, 2.0]
 
 
-def test_crafted_index_lists():
-    # a well-formed crafted payload decodes
-    m, v = decode_sparse(_indices_payload(100, [2, 5, 99]), expected_numel=100)
-    assert torch.nonzero(m).flatten().tolist() == [2, 5, 99]
-    assert v.tolist() == [1.0, 1.0, 1.0]
-    _reject(_indices_payload(100, [2, 5, 100]))      # out of range
-    _reject(_indices_payload(100, [2, 5, 2**32 - 1]))
-    _reject(_indices_payload(100, [5, 2, 9]))        # unsorted
-    _reject(_indices_payload(100, [2, 5, 5]))        # duplicate
-
-
-def _bitmask_payload(n: int, bits: list[int], k: int) -> bytes:
-    arr = np.zeros(n, dtype=bool)
-    arr[bits] = True
-    return HEADER.pack(MAGIC, 1, BITMASK, n, k) + np.packbits(arr).tobytes() + struct.pack(f"<{k}f", *[0.5] * k)
-
-
-def test_crafted_bitmask_population_mismatch():
-    m, v = decode_sparse(_bitmask_payload(16, [1, 4, 9], 3))
-    assert torch.nonzero(m).flatten().tolist() == [1, 4, 9]
-    assert v.tolist() == [0.5, 0.5, 0.5]
-    _reject(_bitmask_payload(16, [1, 4, 9], 2))   # 3 bits set, header says 2 (length consistent)
-    _reject(_bitmask_payload(16, [1, 4], 3))      # 2 bits set, header says 3
+def test_mask_code_for_another_model_size_is_rejected():
+    mask, _ = _case(100, 2, seed=3)
+    crafted = HEADER.pack(MAGIC, 2, WITH_MASK, 101, 2) + encode_mask(mask) + struct.pack("<2f", 1, 2)
+    _reject(crafted, match="100 coordinates, expected 101")
 
 
 def test_decode_returns_writable_tensors():
-    data = encode_sparse(*_case(100, 50))
-    m, v = decode_sparse(data)
+    mask, values = _case(100, 50)
+    m, v = decode_sparse(encode_sparse(mask, values))
     v += 1.0  # must not fail on a read-only buffer
     m[0] = ~m[0]
+    _, v2 = decode_sparse(encode_sparse(mask, values, send_mask=False), mask=mask)
+    v2 += 1.0

@@ -66,7 +66,8 @@ def test_pruned_coordinates_stay_exactly_zero_under_momentum_and_weight_decay(se
     assert bool((kept_after != kept_start).all())
     # returned params are the model's weights on the mask
     assert torch.equal(out.params[mask], space.flatten(model)[mask])
-    assert out.num_samples == 20 * 8
+    assert out.num_samples == len(y)  # the training-set size: FedAvg's n_k
+    assert out.num_processed == 20 * 8  # local steps x batch
     assert torch.isfinite(torch.tensor(out.loss))
 
 

@@ -13,6 +13,7 @@ from fedgmr.algorithm.masks import (
     flops_per_weight,
     floor_count,
     ims_increments,
+    compute_costs,
     layer_costs,
     magnitude_ranking,
     mask_from_ranking,
@@ -187,8 +188,10 @@ def test_ims_increments_disjoint_with_union_top(net, space):
 
 
 def test_nested_with_layer_costs(net, space):
-    costs = layer_costs(space, flops_per_weight(net, space, torch.randn(2, 1, 8, 8)))
+    comp = compute_costs(space, flops_per_weight(net, space, torch.randn(2, 1, 8, 8)), seconds=0.5)
+    costs = layer_costs(space, 1e-6, comp)
     assert set(costs) == PRUNABLE
+    assert all(costs[n] == 1e-6 + comp[n] for n in PRUNABLE)
     policy = MagnitudePolicy(space, LADDER, space.flatten(net), costs=costs)
     masks = [policy.mask(l) for l in range(len(LADDER))]
     for lo, hi in zip(masks, masks[1:]):
@@ -224,7 +227,7 @@ def test_restoring_a_client_never_removes_coordinates(net, space):
 
 
 def test_refresh_keeps_levels_nested(net, space):
-    policy = MagnitudePolicy(space, LADDER, space.flatten(net), refresh_every=2)
+    policy = MagnitudePolicy(space, LADDER, space.flatten(net), refresh_every=2, basis="prunable")
     old = [policy.mask(l).clone() for l in range(len(LADDER))]
     torch.manual_seed(1)
     new_params = torch.randn(space.numel)

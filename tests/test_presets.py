@@ -23,14 +23,14 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
 PAPER = {  # SPEC 13: lr, momentum, wd, batch, local steps, check, patience (High, non-IID), MB, t*, stop
     "femnist": dict(model="conv2", partition="natural", lr=0.25, momentum=0.0, wd=0.0, batch=20, steps=5,
-                    check=25, patience=7, mb=25.98, t_star=70_000, max_time=150_000),
+                    check=25, patience=7, mb=25.98, t_star=70_000, max_time=150_000, grid=250),
     "cifar10": dict(model="vgg11", partition="dirichlet", lr=0.25, momentum=0.0, wd=0.0, batch=20, steps=5,
-                    check=25, patience=15, mb=37.2, t_star=220_000, max_time=305_000),
+                    check=25, patience=15, mb=37.2, t_star=220_000, max_time=305_000, grid=1000),
     "imagenet100": dict(model="resnet18", partition="dirichlet", lr=0.02, momentum=0.9, wd=1e-4, batch=20,
-                        steps=5, check=50, patience=25, mb=43.1, t_star=250_000, max_time=280_000),
+                        steps=5, check=50, patience=25, mb=43.1, t_star=250_000, max_time=280_000, grid=1000),
     "stackoverflow": dict(model="transformer_lm", partition="natural", lr=2e-3, momentum=0.9, wd=1e-4,
                           batch=16, steps=10, check=25, patience=10, mb=25.98, t_star=70_000,
-                          max_time=3_000_000),
+                          max_time=3_000_000, grid=250),
 }
 OFFLINE = {"mnist": "mnist", "fashion_mnist": "fashion-mnist", "shakespeare": "shakespeare"}
 LAYOUT_HINT = {"femnist": "train/*.json", "cifar10": "data_batch_1", "imagenet100": "classes.txt",
@@ -62,7 +62,9 @@ def test_paper_presets_carry_the_paper_settings(name: str) -> None:
         (want["lr"], want["momentum"], want["wd"], want["batch"], want["steps"]))
     assert cfg.restoration.trigger == "early_stopping"
     assert (cfg.restoration.check_interval, cfg.restoration.patience) == (want["check"], want["patience"])
-    assert cfg.run.eval_every == want["check"], "evaluation every check interval"
+    # test accuracy on a virtual-time grid: the Acc@t* window is 20 grid steps of time
+    assert cfg.run.eval_every is None and cfg.run.eval_interval == want["grid"]
+    assert cfg.submodel.refresh_every == "check_interval" and cfg.submodel.cost_weighted
     assert cfg.network.model_size_mb == pytest.approx(want["mb"])
     assert cfg.run.t_star == want["t_star"] and cfg.run.max_time == want["max_time"]
     assert cfg.submodel.ladder == [0.05, 0.1, 0.2, 0.5, 1.0]
@@ -93,7 +95,8 @@ def test_femnist_preset_runs_on_tiny_leaf_files(tmp_path: Path) -> None:
     writers = {f"w{i:02d}": [(i + k) % 62 for k in range(6)] for i in range(20)}
     _leaf_file(root / "train" / "all_data_0_train.json", writers, 0.1)
     _leaf_file(root / "test" / "all_data_0_test.json", {u: ys[:2] for u, ys in writers.items()}, 0.1)
-    raw = apply_overrides(load_preset("femnist"), [f"data.root={root}", "run.max_steps=2", "run.eval_every=1"])
+    raw = apply_overrides(load_preset("femnist"), [f"data.root={root}", "run.max_steps=2",
+                                                   "run.eval_interval=null", "run.eval_every=1"])
     summary = run_experiment(resolve_config(raw), tmp_path / "run")
     assert summary["steps"] == 2 and 0.0 <= summary["final_accuracy"] <= 1.0
 
@@ -106,7 +109,7 @@ def test_offline_preset_runs_end_to_end(name: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     # the preset's relative data.root resolves from the repository root, as documented;
     # a tight plateau detector makes restoration fire within the short run
-    args = ["run", name, "--out", str(out), "-q", "--set", "run.max_time=120", "--set", "run.eval_every=2",
+    args = ["run", name, "--out", str(out), "-q", "--set", "run.max_time=120", "--set", "run.eval_interval=5",
             "--set", "restoration.check_interval=2", "--set", "restoration.patience=1",
             "--set", "restoration.min_delta=0.5"]
     proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,

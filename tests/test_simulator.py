@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedgmr.algorithm.encoding import encoded_nbytes
+from fedgmr.algorithm.encoding import mask_code_nbytes, payload_nbytes
 from fedgmr.experiment.build import build_experiment
 from fedgmr.methods import resolve_config
 from fedgmr.sim.network import FifoLink, Network, tier_densities
@@ -66,11 +66,18 @@ def test_ims_multicast_sends_fewer_bytes_and_is_not_slower():
 
 
 def test_upload_bytes_are_the_encoded_payload_sizes():
-    raw = tiny_config(method="fedavg", network={"model_size_mb": None}, run={"max_steps": 1, "eval_every": 1})
+    raw = tiny_config(method="fedavg", network={"model_size_mb": None}, run={"max_steps": 2, "eval_every": 1})
     recs, exp = run(raw)
     n = exp.space.numel
-    assert recs[-1]["bytes_up"] == pytest.approx(10 * encoded_nbytes(n, n))
-    assert recs[-1]["bytes_down"] == pytest.approx(10 * encoded_nbytes(n, n))
+    full = exp.strategy.policy.mask(0)
+    # step 1: ten uploads of values only; ten downloads carrying the (all-kept) mask code
+    first_wave = 10 * payload_nbytes(n, mask_code_nbytes(full))
+    assert (recs[1]["uploads"], recs[1]["downloads"]) == (10, 10)
+    assert recs[1]["bytes_up"] == 10 * payload_nbytes(n)
+    assert recs[1]["bytes_down"] == first_wave
+    # round 2's downloads: the clients hold the mask already, so values only
+    assert (recs[2]["uploads"], recs[2]["downloads"]) == (20, 20)
+    assert recs[2]["bytes_down"] == first_wave + 10 * payload_nbytes(n)
 
 
 def test_model_size_override_scales_the_full_payload():
@@ -85,8 +92,11 @@ def test_fedavg_round_time_is_set_by_the_slowest_client():
     raw = tiny_config(method="fedavg", run={"max_steps": 1, "eval_every": 1})
     recs, exp = run(raw)
     t = recs[-1]["time"]
-    server_up = 10 * 2.0 / 10.0  # ten 2 MB sends over 10 MB/s: the last leaves at 2 s
-    assert t == pytest.approx(max(server_up, 2.0 / 1.0) + 0.5 + 2.0 / 0.25 + 0.5, rel=1e-6)
+    n = exp.space.numel
+    # the first download also carries the (all-kept) mask code: a few bytes more than 2 MB
+    down = 2.0 * payload_nbytes(n, mask_code_nbytes(exp.strategy.policy.mask(0))) / payload_nbytes(n)
+    server_up = 10 * down / 10.0  # ten sends over 10 MB/s: the last leaves after 2 s
+    assert t == pytest.approx(max(server_up, down / 1.0) + 0.5 + 2.0 / 0.25 + 0.5, rel=1e-9)
 
 
 def test_sync_mode_uses_every_client_with_zero_staleness():

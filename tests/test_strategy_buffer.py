@@ -33,7 +33,7 @@ def make(rule: str = "ma", use_buffer: bool = True, max_staleness: int | None = 
     model = _model()
     space = ParamSpace(model)
     params = space.flatten(model)
-    policy = MagnitudePolicy(space, LADDER, params)
+    policy = MagnitudePolicy(space, LADDER, params, basis="prunable")  # a 39-weight model: count prunable ones
     ladder = DensityLadder.from_densities(LADDER, list(densities))
     return MaskedBufferedStrategy(space, params, get_buffers(model), policy, ladder, RULES.get(rule),
                                   Polynomial(A), weighting=weighting, use_buffer=use_buffer,
@@ -335,9 +335,10 @@ def test_smaller_reported_mask_is_accepted():
 
 # ---------------------------------------------------------------------------- (e) GA / FedAsync
 
-def test_ga_with_buffer_is_forced_to_arrivals_only():
-    st = make("ga", use_buffer=True)
-    assert st.use_buffer is False
+def test_ga_delta_is_arrivals_only_and_refuses_the_buffer():
+    with pytest.raises(ValueError, match="cannot use the buffer"):
+        make("ga_delta", use_buffer=True)
+    st = make("ga_delta", use_buffer=False)
     a0, a1 = st.assign(0), st.assign(1)
     assert a0.consumes == "delta"
     m1 = a1.mask
@@ -356,15 +357,39 @@ def test_ga_with_buffer_is_forced_to_arrivals_only():
     assert torch.equal(st.params, after)
 
 
-def test_ga_rejects_model_replies():
+def test_ga_runs_under_the_same_buffer_as_ma():
+    """Table 3 changes only the rule: GA keeps the buffer and reuses buffered models."""
+    st = make("ga", use_buffer=True)
+    assert st.use_buffer is True
+    a0, a1 = st.assign(0), st.assign(1)
+    assert a0.consumes == "model"
+    m1 = a1.mask
+    prev = st.params.clone().double()
+    assert st.receive(reply_for(a0, 1.0, 10))
+    assert st.receive(reply_for(a1, 3.0, 30))
+    st.aggregate()
+    # W + (10 (1 - W) + 30 (3 - W) m1) / 40
+    step1 = prev + (10 * (1 - prev) + 30 * (3 - prev) * m1) / 40
+    assert torch.allclose(st.params.double(), step1, rtol=0, atol=1e-6)
+    # no arrivals: the buffered models are used again with tau = 1, not applied twice
+    r2 = st.aggregate()
+    assert sorted(r2.used) == [0, 1] and r2.staleness == [1, 1]
+    w0, w1 = 10 * s(1), 30 * s(1)
+    w = st.params.double()
+    step2 = step1 + (w0 * (1 - step1) + w1 * (3 - step1) * m1) / (w0 + w1)
+    assert torch.allclose(w, step2, rtol=0, atol=1e-6)
+
+
+def test_ga_rejects_delta_replies():
     st = make("ga")
     a = st.assign(0)
-    assert st.receive(reply_for(a, 1.0, 10, kind="model")) is False
+    assert st.receive(reply_for(a, 1.0, 10, kind="delta")) is False
 
 
 def test_fedasync_is_arrivals_only_with_alpha_times_staleness():
-    st = make("fedasync", use_buffer=True)
-    assert st.use_buffer is False
+    with pytest.raises(ValueError, match="cannot use the buffer"):
+        make("fedasync", use_buffer=True)
+    st = make("fedasync", use_buffer=False)
     a0 = st.assign(0)
     st.aggregate()
     st.aggregate()
@@ -377,6 +402,99 @@ def test_fedasync_is_arrivals_only_with_alpha_times_staleness():
     assert r.weights[0] == pytest.approx(alpha_t, rel=1e-12)
     assert torch.allclose(st.params, (1 - alpha_t) * prev + alpha_t * 2.0, rtol=0, atol=1e-6)
     assert st.aggregate().used == []
+
+
+def test_fedasync_mixes_each_arrival_in_its_own_step_with_its_own_tau():
+    """Two arrivals waiting together are two server steps, the second with tau + 1."""
+    st = make("fedasync", use_buffer=False, densities=(1.0, 1.0, 1.0))
+    a0, a1 = st.assign(0), st.assign(1)
+    st.aggregate()  # both now have tau = 1
+    st.receive(reply_for(a0, 2.0, 10))
+    st.receive(reply_for(a1, 5.0, 10))
+    p0 = st.params.clone()
+    r1 = st.aggregate()
+    assert r1.used == [0] and r1.staleness == [1]
+    assert st.arrivals == [1]  # client 1 waits for the next step
+    p1 = st.params.clone()
+    assert torch.allclose(p1, (1 - 0.6 * s(1)) * p0 + 0.6 * s(1) * 2.0, rtol=0, atol=1e-6)
+    r2 = st.aggregate()
+    assert r2.used == [1] and r2.staleness == [2]
+    assert torch.allclose(st.params, (1 - 0.6 * s(2)) * p1 + 0.6 * s(2) * 5.0, rtol=0, atol=1e-6)
+    assert st.arrivals == [] and st.aggregate().used == []
+
+
+# ---------------------------------------------------------------------------- weighting, BN, masks sent
+
+def test_samples_weighting_uses_the_training_set_size_and_processed_is_an_option():
+    for weighting, expected in (("samples", {0: 100, 1: 300}), ("processed", {0: 40, 1: 40}),
+                                ("equal", {0: 1.0, 1: 1.0})):
+        st = make(weighting=weighting)
+        a0, a1 = st.assign(0), st.assign(1)
+        st.receive(Reply(0, 0, torch.ones(int(a0.mask.sum())), 100, num_processed=40))
+        st.receive(Reply(1, 0, torch.ones(int(a1.mask.sum())), 300, num_processed=40))
+        r = st.aggregate()
+        assert dict(zip(r.used, r.weights)) == expected, weighting
+    with pytest.raises(ValueError, match="weighting"):
+        make(weighting="bogus")
+
+
+def test_num_processed_must_be_a_positive_integer_when_given():
+    st = make()
+    a = st.assign(0)
+    assert st.receive(Reply(0, 0, torch.ones(int(a.mask.sum())), 100, num_processed=0)) is False
+    assert st.receive(Reply(0, 0, torch.ones(int(a.mask.sum())), 100, num_processed=2.5)) is False
+    assert st.rejected == 2
+
+
+def _bn_make(bn_rule: str) -> MaskedBufferedStrategy:
+    torch.manual_seed(0)
+    model = _model()
+    space = ParamSpace(model)
+    params = space.flatten(model)
+    ladder = DensityLadder.from_densities(LADDER, [1.0, 0.25, 0.25])
+    return MaskedBufferedStrategy(space, params, get_buffers(model), MagnitudePolicy(space, LADDER, params,
+                                                                                     basis="prunable"), ladder,
+                                  RULES.get("ma"), Polynomial(A), use_buffer=False, bn_rule=bn_rule)
+
+
+def _bn_reply(a, mean: float) -> Reply:
+    bufs = {"1.running_mean": torch.full((6,), mean), "1.running_var": torch.ones(6),
+            "1.num_batches_tracked": torch.tensor(7)}
+    return Reply(a.client_id, a.version, torch.ones(int(a.mask.sum())), 10, bufs)
+
+
+@pytest.mark.parametrize("rule,expected", [("all", (1 * 1 + 10 * 2) / 3), ("full", 1.0),
+                                           ("density", (1 * 1 + 10 * 0.25 * 2) / 1.5)])
+def test_bn_statistics_rules(rule, expected):
+    st = _bn_make(rule)
+    a = [st.assign(c) for c in range(3)]
+    st.receive(_bn_reply(a[0], 1.0))   # the full-density client
+    st.receive(_bn_reply(a[1], 10.0))  # two 25 %-density clients
+    st.receive(_bn_reply(a[2], 10.0))
+    st.aggregate()
+    assert torch.allclose(st.buffers["1.running_mean"], torch.full((6,), expected, dtype=torch.float32))
+    assert int(st.buffers["1.num_batches_tracked"]) == 7
+
+
+def test_bn_full_rule_keeps_statistics_when_no_full_client_was_aggregated():
+    st = _bn_make("full")
+    before = {k: v.clone() for k, v in st.buffers.items()}
+    a1 = st.assign(1)
+    st.receive(_bn_reply(a1, 10.0))
+    st.aggregate()
+    assert all(torch.equal(before[k], st.buffers[k]) for k in before)
+
+
+def test_mask_is_marked_changed_only_when_it_differs_from_what_the_client_holds():
+    st = make()
+    assert st.assign(1).mask_changed  # first contact
+    assert not st.assign(1).mask_changed  # same level, same mask: values only
+    st.ladder.step_up(1)
+    assert st.assign(1).mask_changed  # restored: a new mask
+    assert not st.assign(1).mask_changed
+    # a refresh that rebuilds equal masks as new objects changes nothing on the wire
+    st.policy._rebuild(st.params.clone())
+    assert not st.assign(1).mask_changed
 
 
 # ---------------------------------------------------------------------------- (f) checkpoints

@@ -2,8 +2,9 @@
 
 An update is a pair ``(mask, values)``: a bool mask over the flat parameter vector and
 the float values at the masked coordinates (``values.numel() == mask.sum()``). Model
-rules (MA, FA, FedAsync) consume the client's trained weights; GA consumes its change
-``delta = w_i - W_start`` on the mask.
+rules (MA, GA, FA, FedAsync) consume the client's trained weights, so a buffered update
+can be used again at a later step; ``ga_delta`` consumes its change
+``delta = w_i - W_start`` on the mask and applies it once.
 """
 
 from __future__ import annotations
@@ -78,8 +79,28 @@ def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weight
     return torch.where(covered, num / den.clamp_min(1e-30), previous.to(num.dtype)).to(previous.dtype)
 
 
-def gradient_average(previous: torch.Tensor, deltas: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
-    """GA: ``W + sum_i w_i (delta_i * m_i) / sum_i w_i`` over all participants."""
+def gradient_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
+    """GA on buffered models: ``W + sum_i b_i ((w_i - W) * m_i) / sum_i b_i``.
+
+    Each update's change is taken against the current global model ``W``, so a fresh
+    update (downloaded at ``W``) contributes exactly its local change ``delta_i`` (the
+    paper's GA, ``W + (1/C) sum_i delta_i * m_i`` with equal weights), and a buffered
+    one can be used at every step without being applied twice: it pulls ``W`` toward the
+    client's model on its mask, diluted by the total weight of all participants.
+    """
+    _check(previous, updates, weights)
+    total = float(sum(weights))
+    if total <= 0:
+        return previous.clone()
+    acc, den = _weighted_sum(previous.shape, updates, weights, coverage=True)
+    assert den is not None
+    prev = previous.to(acc.dtype)
+    return (prev + (acc - den * prev) / total).to(previous.dtype)
+
+
+def delta_average(previous: torch.Tensor, deltas: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
+    """GA on deltas (``ga_delta``): ``W + sum_i w_i (delta_i * m_i) / sum_i w_i``; each
+    delta ``w_i - W_start`` is applied once, so it works on arrivals only."""
     _check(previous, deltas, weights)
     total = float(sum(weights))
     if total <= 0:
@@ -189,7 +210,8 @@ class AggregationRule:
 
 RULES: Registry[AggregationRule] = Registry("aggregation rule")
 RULES.register("ma", AggregationRule("ma", "model", mask_aware_average))
-RULES.register("ga", AggregationRule("ga", "delta", gradient_average))
+RULES.register("ga", AggregationRule("ga", "model", gradient_average))
+RULES.register("ga_delta", AggregationRule("ga_delta", "delta", delta_average))
 RULES.register("fa", AggregationRule("fa", "model", zero_padded_average))
 RULES.register("fedasync", AggregationRule("fedasync", "model", fedasync_mix, sequential=True))
 RULES.register("fiarse", fiarse_rule(1.0))

@@ -49,18 +49,48 @@ def flops_per_weight(model: nn.Module, space: ParamSpace, example: torch.Tensor)
     return out
 
 
-def layer_costs(space: ParamSpace, macs_per_weight: dict[str, float]) -> dict[str, float]:
-    """Per-layer cost = (communication share + compute share) / 2, relative to the mean.
+#: The authors' FEMNIST constants for Conv-2's prunable layers (conv1, conv2, fc1), in
+#: seconds per parameter: ``COMM_COEFFICIENT + NUM_LOCAL_UPDATES * COMP_COEFFICIENT_l``
+#: with 5.561621e-6 s and per-update compute 0, 7.098850e-6 and 1.927325e-7 s (timings
+#: carried over from PruneFL; their configs/femnist.py). ``submodel.layer_costs`` replays them.
+FEMNIST_CONV2_COSTS = (5.561621025626998e-06 + 5 * 0.0,
+                       5.561621025626998e-06 + 5 * 7.098850e-06,
+                       5.561621025626998e-06 + 5 * 1.927325e-07)
 
-    A coordinate's importance |w| is divided by its layer's cost, so cheap layers are
-    preferred when both layers hold equally large weights.
+
+def layer_costs(space: ParamSpace, comm: float, comp: dict[str, float] | None = None) -> dict[str, float]:
+    """The authors' per-layer cost ``c_l = comm + comp_l``, in seconds per parameter.
+
+    ``comm`` is the time one parameter adds to a transfer (the same for every layer);
+    ``comp_l`` the time one weight of layer ``l`` adds to a client's local training (all
+    local steps). A coordinate's importance is ``|w| / c_l``: of two equally large
+    weights the one in the cheaper layer is kept first. Only the ratios matter.
     """
-    layers = space.prunable_layers
-    total_n = sum(p.numel for p in layers) or 1
-    total_f = sum(p.numel * macs_per_weight.get(p.name, 1.0) for p in layers) or 1.0
-    raw = {p.name: 0.5 * (1.0 / total_n + macs_per_weight.get(p.name, 1.0) / total_f) for p in layers}
-    mean = sum(raw[p.name] * p.numel for p in layers) / total_n
-    return {k: v / mean for k, v in raw.items()}
+    comp = comp or {}
+    return {p.name: comm + comp.get(p.name, 0.0) for p in space.prunable_layers}
+
+
+def compute_costs(space: ParamSpace, macs_per_weight: dict[str, float], seconds: float) -> dict[str, float]:
+    """``comp_l`` of a compute model in which a job's ``seconds`` follow its sub-model's
+    multiply-accumulates (``network.compute.kind: flops``): each weight's share of them."""
+    total = sum(p.numel * macs_per_weight.get(p.name, 1.0) for p in space.params) or 1.0
+    return {p.name: seconds * macs_per_weight.get(p.name, 1.0) / total for p in space.prunable_layers}
+
+
+def explicit_costs(space: ParamSpace, given: Sequence[float] | dict[str, float]) -> dict[str, float]:
+    """Per-layer costs given by the user: one per prunable layer, in layer order, or a
+    mapping from parameter name (every prunable layer named)."""
+    names = [p.name for p in space.prunable_layers]
+    if isinstance(given, dict):
+        missing = [n for n in names if n not in given]
+        unknown = [n for n in given if n not in names]
+        if missing or unknown:
+            raise ValueError(f"submodel.layer_costs must name the prunable layers {names}"
+                             + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else ""))
+        return {n: float(given[n]) for n in names}
+    if len(given) != len(names):
+        raise ValueError(f"submodel.layer_costs lists {len(given)} costs for {len(names)} prunable layers {names}")
+    return {n: float(c) for n, c in zip(names, given)}
 
 
 def magnitude_ranking(flat: torch.Tensor, space: ParamSpace, floor: float = 0.02,
@@ -105,26 +135,47 @@ def floor_count(space: ParamSpace, floor: float) -> int:
     return sum(min(p.numel, max(1, math.ceil(floor * p.numel))) for p in space.prunable_layers)
 
 
-def mask_from_ranking(ranking: torch.Tensor, space: ParamSpace, density: float, floor: float = 0.02) -> torch.Tensor:
-    """Mask of a given density: always-kept coordinates + a prefix of ``ranking``.
+def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "prunable") -> int:
+    """How many ranked (prunable) coordinates a mask of ``density`` takes.
+
+    ``basis="prunable"``: ``round(rho * P)`` of the ``P`` prunable weights, the always-kept
+    coordinates on top. ``basis="model"``: the mask holds ``round(rho * N)`` of all ``N``
+    coordinates, the always-kept ones included, so its payload is rho of the full model's.
+    Never below the per-layer floor's total, never above ``P``.
+    """
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    if basis == "prunable":
+        k = int(round(density * space.num_prunable))
+    elif basis == "model":
+        k = int(round(density * space.numel)) - (space.numel - space.num_prunable)
+    else:
+        raise ValueError(f"basis must be 'prunable' or 'model', got {basis!r}")
+    if density >= 1.0:
+        k = space.num_prunable
+    return min(space.num_prunable, max(k, floor_count(space, floor)))
+
+
+def mask_from_ranking(ranking: torch.Tensor, space: ParamSpace, density: float, floor: float = 0.02,
+                      basis: str = "prunable") -> torch.Tensor:
+    """Mask of a given density: always-kept coordinates + a prefix of ``ranking``
+    (:func:`prefix_length` says how long).
 
     The prefix never drops below the per-layer floor, so a density smaller than the
     floor's total yields the floor itself.
     """
-    if not 0.0 < density <= 1.0:
-        raise ValueError(f"density must be in (0, 1], got {density}")
-    k = max(int(round(density * space.num_prunable)), floor_count(space, floor))
+    k = prefix_length(space, density, floor, basis)
     mask = space.always_kept.clone()
     mask[ranking[:k]] = True
     return mask
 
 
 def nested_masks(ranking: torch.Tensor, space: ParamSpace, densities: Sequence[float],
-                 floor: float = 0.02) -> list[torch.Tensor]:
+                 floor: float = 0.02, basis: str = "prunable") -> list[torch.Tensor]:
     """Masks for increasing ``densities``; each is a subset of the next."""
     if list(densities) != sorted(densities):
         raise ValueError(f"densities must be increasing, got {list(densities)}")
-    return [mask_from_ranking(ranking, space, d, floor) for d in densities]
+    return [mask_from_ranking(ranking, space, d, floor, basis) for d in densities]
 
 
 def ims_increments(masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -11,12 +11,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
+import logging
+
 import torch
 
-from fedgmr.algorithm.encoding import encoded_nbytes
+from fedgmr.algorithm.encoding import mask_code_nbytes
+from fedgmr.algorithm.maskinfo import frozen, mask_count
 from fedgmr.algorithm.masks import ims_increments, magnitude_ranking, nested_masks
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.registry import Registry
+
+log = logging.getLogger(__name__)
 
 
 class SubmodelPolicy(ABC):
@@ -38,10 +43,12 @@ class SubmodelPolicy(ABC):
         """Called after every server step; may recompute masks. Returns True if it did."""
         return False
 
-    def payload_nbytes(self, kept: int) -> int:
-        """Bytes on the wire for a sub-model of ``kept`` coordinates (values plus the
-        smaller mask encoding). Structured policies override it: their slices need no mask."""
-        return encoded_nbytes(self.space.numel, kept)
+    def code_nbytes(self, mask: torch.Tensor) -> int:
+        """Bytes that tell a client which coordinates ``mask`` holds (sent with a download
+        only when the client's mask changed). Default: the entropy-near mask code of
+        :func:`~fedgmr.algorithm.encoding.encode_mask`; structured policies override it
+        with their shape description."""
+        return mask_code_nbytes(mask)
 
     def increments(self) -> list[torch.Tensor]:
         """IMS blocks: base mask plus the increment of every further level (cached
@@ -68,7 +75,7 @@ class FullModelPolicy(SubmodelPolicy):
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float] = (1.0,)) -> None:
         super().__init__(space, ladder)
-        self._full = torch.ones(space.numel, dtype=torch.bool)
+        self._full = frozen(torch.ones(space.numel, dtype=torch.bool))
 
     def mask(self, level: int) -> torch.Tensor:
         return self._full
@@ -85,22 +92,35 @@ class MagnitudePolicy(SubmodelPolicy):
     floor: fraction of every prunable layer that is always kept.
     costs: optional per-layer cost dividing |w| (see :func:`layer_costs`).
     refresh_every: recompute the ranking every that many server steps (None: never).
+    basis: what a density counts, ``model`` or ``prunable`` (see :func:`prefix_length`).
     """
 
     name = "magnitude"
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], params: torch.Tensor,
                  floor: float = 0.02, costs: dict[str, float] | None = None,
-                 refresh_every: int | None = None) -> None:
+                 refresh_every: int | None = None, basis: str = "model") -> None:
         super().__init__(space, ladder)
         self.floor = floor
         self.costs = costs
         self.refresh_every = refresh_every
+        self.basis = basis
         self._rebuild(params)
+        sizes = [mask_count(m) for m in self._masks]
+        same = [(a, b) for (a, b), (x, y) in zip(zip(self.ladder, self.ladder[1:]), zip(sizes, sizes[1:])) if x == y]
+        if same:
+            kept = space.numel - space.num_prunable
+            log.warning("density levels %s give identical masks: the always-kept coordinates (output layer, "
+                        "biases, norms) are %.1f%% of the model and the per-layer floor sets the rest; "
+                        "submodel.density_basis 'prunable' counts densities over the prunable weights only",
+                        ", ".join(f"{a:g}={b:g}" for a, b in same), 100.0 * kept / space.numel)
+
+    def _masks_of(self, ranking: torch.Tensor) -> list[torch.Tensor]:
+        return [frozen(m) for m in nested_masks(ranking, self.space, self.ladder, self.floor, self.basis)]
 
     def _rebuild(self, params: torch.Tensor) -> None:
         self.ranking = magnitude_ranking(params, self.space, self.floor, self.costs)
-        self._masks = nested_masks(self.ranking, self.space, self.ladder, self.floor)
+        self._masks = self._masks_of(self.ranking)
 
     def mask(self, level: int) -> torch.Tensor:
         return self._masks[level]
@@ -116,7 +136,7 @@ class MagnitudePolicy(SubmodelPolicy):
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         self.ranking = tensors["ranking"].clone()
-        self._masks = nested_masks(self.ranking, self.space, self.ladder, self.floor)
+        self._masks = self._masks_of(self.ranking)
 
 
 POLICIES: Registry = Registry("sub-model policy")

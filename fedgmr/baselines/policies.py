@@ -13,7 +13,7 @@ parameter fraction of every level.
 
 from __future__ import annotations
 
-from fedgmr.baselines.wire import structured_nbytes
+from fedgmr.baselines.wire import STRUCTURED_CODE_BYTES
 
 from typing import Any, Sequence
 
@@ -48,8 +48,10 @@ class WidthPolicy(SubmodelPolicy):
     nested = True
     needs_width_builder = True
 
-    def payload_nbytes(self, kept: int) -> int:
-        return structured_nbytes(kept)
+    def code_nbytes(self, mask: torch.Tensor) -> int:
+        """A width slice is described by its rates and shift: the structured header's
+        fields beyond a plain payload's header (no per-coordinate mask bits)."""
+        return STRUCTURED_CODE_BYTES
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], model: nn.Module, build: WidthBuilder,
                  rates: Sequence[float] | None = None, **_: Any) -> None:

@@ -4,7 +4,7 @@ structured payload sizes, as thin extensions of the shared strategy and simulato
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -13,7 +13,7 @@ from fedgmr.algorithm.params import ParamSpace, get_buffers
 from fedgmr.baselines.structure import WidthStructure
 from fedgmr.models.scaler import has_batch_norm, recompute_bn_stats
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
-from fedgmr.strategy.messages import Reply, StepReport
+from fedgmr.strategy.messages import Reply
 
 
 def label_keep_masks(space: ParamSpace, client_labels: Sequence[torch.Tensor], num_classes: int) -> list[torch.Tensor]:
@@ -62,21 +62,18 @@ class BNStatistics:
 
 
 class BaselineStrategy(MaskedBufferedStrategy):
-    """:class:`MaskedBufferedStrategy` plus two baseline behaviours.
+    """:class:`MaskedBufferedStrategy` plus HeteroFL's label split.
 
     label_keep: per client, the coordinates it may contribute (HeteroFL's label split);
         a reply is restricted to ``assigned mask & keep`` before validation, which the
         strategy accepts as a subset of the assigned mask.
-    bn_stats: ``bn_stats(params) -> buffers``, run after every aggregation (static BN).
+
+    Static BatchNorm (``bn_stats``) is the shared strategy's own option.
     """
 
-    def __init__(self, *args, label_keep: Sequence[torch.Tensor] | None = None,
-                 bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None, **kwargs) -> None:
+    def __init__(self, *args, label_keep: Sequence[torch.Tensor] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.label_keep = list(label_keep) if label_keep is not None else None
-        self.bn_stats = bn_stats
-        if bn_stats is not None:
-            self.buffers = bn_stats(self.params)
 
     def receive(self, reply: Reply) -> bool:
         cid = reply.client_id
@@ -87,12 +84,6 @@ class BaselineStrategy(MaskedBufferedStrategy):
                 keep = self.label_keep[cid]
                 reply = dataclasses.replace(reply, mask=a.mask & keep, values=reply.values[keep[a.mask]])
         return super().receive(reply)
-
-    def aggregate(self) -> StepReport:
-        report = super().aggregate()
-        if self.bn_stats is not None:
-            self.buffers = self.bn_stats(self.params)
-        return report
 
 
 def has_bn(model: nn.Module) -> bool:

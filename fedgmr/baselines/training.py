@@ -114,7 +114,7 @@ class WidthTrainer(_WidthBase):
         full = torch.zeros(ws.space.numel)
         full[sl.gather] = out.params
         # static BatchNorm: no statistics travel; the server re-estimates them
-        return TrainOutcome(full, job.buffers, out.loss, out.num_samples, out.val_score)
+        return TrainOutcome(full, job.buffers, out.loss, out.num_samples, out.val_score, out.num_processed)
 
 
 def _label_mask_hook(y: torch.Tensor, num_classes: int) -> Callable[..., torch.Tensor]:
@@ -189,7 +189,8 @@ class OrderedDropoutTrainer(_WidthBase):
             val_score, _ = evaluate(sub, val[0], val[1], s.task, s.pad_index)
         full = torch.zeros(ws.space.numel)
         full[top.gather] = w
-        return TrainOutcome(full, job.buffers, total / max(s.local_steps, 1), s.local_steps * batches.bs, val_score)
+        return TrainOutcome(full, job.buffers, total / max(s.local_steps, 1), len(y), val_score,
+                            s.local_steps * batches.bs)
 
     @staticmethod
     def _step(ws: WidthStructure, p: float, w: torch.Tensor, index: torch.Tensor, xb: torch.Tensor,
@@ -278,7 +279,7 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     if val is not None and len(val[1]) > 0:
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
     return TrainOutcome(w * extracted, get_buffers(model), total / max(settings.local_steps, 1),
-                        settings.local_steps * batches.bs, val_score)
+                        len(y), val_score, settings.local_steps * batches.bs)
 
 
 def spec_options(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

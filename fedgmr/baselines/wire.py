@@ -21,6 +21,9 @@ MAGIC = b"FGMS"
 # magic, version, N (full size), k (values), rate, lower rate (0 = none), shift
 _HEADER = struct.Struct("<4sBIIffI")
 HEADER_BYTES = _HEADER.size
+#: what a slice's description (rates, shift) adds to a plain sparse payload's header: the
+#: simulator's download size of a changed width mask (fedgmr.algorithm.policies)
+STRUCTURED_CODE_BYTES = 12
 
 MaskFn = Callable[[float, int], torch.Tensor]
 

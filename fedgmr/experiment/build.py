@@ -11,8 +11,8 @@ import torch
 import torch.nn as nn
 
 from fedgmr.algorithm.aggregation import RULES
-from fedgmr.algorithm.encoding import encoded_nbytes
-from fedgmr.algorithm.masks import flops_per_weight, layer_costs
+from fedgmr.algorithm.encoding import payload_nbytes
+from fedgmr.algorithm.masks import compute_costs, explicit_costs, flops_per_weight, layer_costs
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.algorithm.policies import POLICIES, FullModelPolicy, MagnitudePolicy, SubmodelPolicy
 from fedgmr.algorithm.restoration import (DensityLadder, EarlyStoppingTrigger, FixedTimeTrigger, NoTrigger,
@@ -120,6 +120,48 @@ def wants_client_validation(cfg: ExperimentConfig) -> bool:
     return cfg.data.client_val_fraction > 0 and cfg.restoration.per_client_patience is not None
 
 
+def full_payload_nbytes(space: ParamSpace) -> int:
+    """Bytes of the whole model as a payload (what ``network.model_size_mb`` stands for)."""
+    return payload_nbytes(space.numel)
+
+
+def byte_scale(cfg: ExperimentConfig, space: ParamSpace) -> float:
+    """Factor on every payload so that the full model weighs ``network.model_size_mb``."""
+    size = cfg.network.model_size_mb
+    return 1.0 if size is None else size * 1e6 / full_payload_nbytes(space)
+
+
+def mask_costs(cfg: ExperimentConfig, space: ParamSpace, model: nn.Module,
+               example: torch.Tensor) -> dict[str, float] | None:
+    """Per-layer costs of the magnitude ranking (None: plain |w|), by the authors' rule
+    ``c_l = comm + comp_l`` in seconds per parameter (docs/methods.md).
+
+    Given explicitly (``submodel.layer_costs``), or from this simulator's time model:
+    ``comm`` = one float32 value on a full-density client's uplink, ``comp_l`` = what one
+    weight of layer ``l`` adds to a job's compute time (zero under the constant compute
+    model, where a job's time does not depend on its sub-model)."""
+    sub = cfg.submodel
+    if not sub.cost_weighted:
+        return None
+    if sub.layer_costs is not None:
+        try:
+            return explicit_costs(space, sub.layer_costs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    net = cfg.network
+    comm = 4 * byte_scale(cfg, space) / (net.up_per_tier * 1e6)
+    comp = None
+    if net.compute.kind == "flops":
+        comp = compute_costs(space, flops_per_weight(model, space, example), net.compute.seconds_per_round)
+    return layer_costs(space, comm, comp)
+
+
+def refresh_steps(cfg: ExperimentConfig) -> int | None:
+    """Server steps between mask-ranking refreshes (``check_interval`` resolved)."""
+    every = cfg.submodel.refresh_every
+    return cfg.restoration.check_interval if every == "check_interval" else every
+
+
 def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, model: nn.Module,
             example: torch.Tensor, width_builder: Callable[[float], nn.Module] | None = None) -> SubmodelPolicy:
     name = cfg.submodel.policy
@@ -129,9 +171,8 @@ def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, mode
     if factory is FullModelPolicy:
         return FullModelPolicy(space)
     if factory is MagnitudePolicy:
-        costs = layer_costs(space, flops_per_weight(model, space, example)) if cfg.submodel.cost_weighted else None
-        return MagnitudePolicy(space, cfg.submodel.ladder, params, cfg.submodel.layer_floor, costs,
-                               cfg.submodel.refresh_every)
+        return MagnitudePolicy(space, cfg.submodel.ladder, params, cfg.submodel.layer_floor,
+                               mask_costs(cfg, space, model, example), refresh_steps(cfg), cfg.submodel.density_basis)
     return factory(space=space, ladder=cfg.submodel.ladder, params=params, model=model, config=cfg)
 
 
@@ -174,14 +215,24 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     if baseline is not None and baseline.rule is not None:
         rule = baseline.rule
     strategy_cls = baseline.strategy_cls if baseline is not None else MaskedBufferedStrategy
-    strategy = strategy_cls(
-        space, params, buffers, policy, ladder, rule,
-        make_staleness(agg.staleness.kind, agg.staleness.a, agg.staleness.b), agg.weighting, agg.buffer,
-        agg.max_staleness, agg.fedasync_alpha, _trigger(cfg), cfg.restoration.per_client_patience,
-        cfg.restoration.min_delta, **(baseline.strategy_kwargs if baseline is not None else {}),
-    )
-    workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
     x, y = data.train.x, data.train.y
+    extra = dict(baseline.strategy_kwargs) if baseline is not None else {}
+    if agg.bn_stats == "server" and "bn_stats" not in extra and get_buffers(model):
+        if len(partition.server_val) == 0:
+            raise ConfigError("aggregation.bn_stats 'server' needs a server validation split (data.val_fraction > 0)")
+        from fedgmr.baselines.server import BNStatistics  # the baselines' static-BN pass
+
+        extra["bn_stats"] = BNStatistics(factory(), space, x[torch.as_tensor(partition.server_val, dtype=torch.long)])
+    try:
+        strategy = strategy_cls(
+            space, params, buffers, policy, ladder, rule,
+            make_staleness(agg.staleness.kind, agg.staleness.a, agg.staleness.b), agg.weighting, agg.buffer,
+            agg.max_staleness, agg.fedasync_alpha, _trigger(cfg), cfg.restoration.per_client_patience,
+            cfg.restoration.min_delta, bn_rule="all" if agg.bn_stats == "server" else agg.bn_stats, **extra,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
     executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)
 
     eval_model = factory()
@@ -212,10 +263,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     coord = Coordination(cfg.coordination.mode, cfg.coordination.trigger, cfg.coordination.k,
                          cfg.coordination.deadline_slack, cfg.clients.concurrency, cfg.coordination.server_time,
                          net.ims)
-    byte_scale = 1.0
-    if net.model_size_mb is not None:
-        byte_scale = net.model_size_mb * 1e6 / encoded_nbytes(space.numel, space.numel)
     check = cfg.restoration.check_interval
     sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
-                    cfg.run.eval_every, check, byte_scale, wants_client_validation(cfg), on_record)
+                    cfg.run.eval_every, check, byte_scale(cfg, space), wants_client_validation(cfg), on_record,
+                    cfg.run.eval_interval)
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

@@ -163,10 +163,13 @@ def finalize(out: Path, cfg: ExperimentConfig, wall: float) -> dict[str, Any]:
         "final_accuracy": last["accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
         "time": last["time"], "steps": last["step"], "final_avg_density": last["avg_density"],
         "restorations": last["restorations"], "bytes_up": last["bytes_up"], "bytes_down": last["bytes_down"],
+        "uploads": last.get("uploads"), "downloads": last.get("downloads"),
         "rejected_updates": last["rejected"], "wall_time_s": round(wall, 3), "evaluations": len(rows),
+        "eval_interval": cfg.run.eval_interval,
     }
     if cfg.run.t_star is not None:
-        mean, std = acc_at_t([r["time"] for r in rows], [r["accuracy"] for r in rows], cfg.run.t_star)
+        mean, std = acc_at_t([r["time"] for r in rows], [r["accuracy"] for r in rows], cfg.run.t_star,
+                             interval=cfg.run.eval_interval)
         summary["t_star"] = cfg.run.t_star
         summary["acc_at_t_star"] = None if math.isnan(mean) else mean
         summary["acc_at_t_star_std"] = None if math.isnan(std) else std

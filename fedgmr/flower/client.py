@@ -4,7 +4,7 @@
 sub-model of the instruction, train it on this node's data with
 :func:`~fedgmr.training.local.masked_local_training` (through the same
 :class:`~fedgmr.sim.executor.ClientWorkload` the simulator uses), and reply with the
-trained values at the mask, sparse-encoded.
+trained values at the mask - values only: the server knows the mask it assigned.
 
 This node's data is partition ``partition-id`` (Flower's node config; the simulation
 runtime sets it, a SuperNode gets it from ``--node-config``) of the data set named by
@@ -86,5 +86,7 @@ def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node
         res = workload.run(job)
     finally:
         workload.settings = saved
+    # values only: the server decodes them against the mask it assigned (ins.mask)
+    num_processed = getattr(res, "num_processed", None)
     return encode_reply(ins.client, ins.version, ins.mask, res.values, res.buffers, res.num_samples,
-                        res.loss, res.val_score)
+                        res.loss, res.val_score, num_processed=num_processed)

@@ -16,39 +16,52 @@ from typing import Any, Mapping
 
 import torch
 
-from fedgmr.algorithm.encoding import decode_sparse, encode_sparse, encoded_nbytes
+from fedgmr.algorithm.encoding import (
+    decode_sparse,
+    encode_sparse,
+    mask_code_limit,
+    payload_nbytes,
+    sparse_header,
+)
 
 MALFORMED = ("nan", "shape", "outside-mask", "future-version", "unknown-client", "oversized", "stale-version")
 KINDS = MALFORMED + ("crash", "hang", "cycle")
 
 
 def corrupt(fields: dict[str, Any], kind: str) -> dict[str, Any]:
-    """Reply ``fields`` made malformed in the way ``kind`` names."""
+    """Reply ``fields`` made malformed in the way ``kind`` names.
+
+    A reply's payload is values only (the client does not echo the mask it was assigned),
+    so the faults that need coordinates place the ``k`` values on the first ``k`` of the
+    payload's ``N`` coordinates; where the payload carries a mask code, that mask is used."""
     out = dict(fields)
-    mask, values = decode_sparse(out["payload"])
+    n, k, has_mask = sparse_header(out["payload"])
+    stand_in = torch.zeros(n, dtype=torch.bool)
+    stand_in[:k] = True
+    mask, values = decode_sparse(out["payload"], mask=None if has_mask else stand_in)
     if kind == "nan":
         values = values.clone()
         values[0] = float("nan")
-        out["payload"] = encode_sparse(mask, values)
-    elif kind == "shape":
+        out["payload"] = encode_sparse(mask, values, send_mask=has_mask)
+    elif kind == "shape":  # a payload for a model one coordinate larger
         out["payload"] = encode_sparse(torch.cat([mask, torch.ones(1, dtype=torch.bool)]),
-                                       torch.cat([values, torch.zeros(1)]))
-    elif kind == "outside-mask":
-        full = torch.zeros(mask.numel())
+                                       torch.cat([values, torch.zeros(1)]), send_mask=has_mask)
+    elif kind == "outside-mask":  # report (with its mask code) every coordinate as trained
+        full = torch.zeros(n)
         full[mask] = values
-        wider = torch.ones_like(mask)
-        if bool(mask.all()):  # a full-density client cannot step outside: claim a bigger model
-            wider = torch.ones(mask.numel() + 8, dtype=torch.bool)
+        wider = torch.ones(n, dtype=torch.bool)
+        if k == n:  # a full-density client cannot step outside: claim a bigger model
+            wider = torch.ones(n + 8, dtype=torch.bool)
             full = torch.cat([full, torch.zeros(8)])
-        out["payload"] = encode_sparse(wider, full)
+        out["payload"] = encode_sparse(wider, full, send_mask=True)
     elif kind == "future-version":
         out["version"] = int(out["version"]) + 1000
     elif kind == "stale-version":
         out["version"] = int(out["version"]) - 1
     elif kind == "unknown-client":
         out["client"] = 10_000
-    elif kind == "oversized":
-        limit = encoded_nbytes(mask.numel(), mask.numel())
+    elif kind == "oversized":  # larger than any valid reply (see payload.reply_limit)
+        limit = payload_nbytes(n, mask_code_limit(n))
         out["payload"] = out["payload"] + bytes(limit + 1)
     else:
         raise ValueError(f"unknown fault kind {kind!r}; choose from {', '.join(KINDS)}")

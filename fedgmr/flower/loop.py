@@ -13,6 +13,9 @@ after the next aggregation, and a step waits at most ``step_timeout`` seconds fo
 replies before aggregating the ones it has. Malformed replies are rejected and logged
 (here for undecodable payloads and identity mismatches, by the strategy for the rest)
 and never reach the global model.
+
+Replies carry values only: each in-flight instruction remembers the mask it assigned, and
+the reply is decoded against it (a value count other than the mask's is rejected).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class _Flight:
     version: int
     sent: float
     nbytes: int
+    mask: torch.Tensor | None = None  # the mask assigned: a values-only reply is decoded against it
 
 
 @dataclass
@@ -156,7 +160,7 @@ class BufferedServerLoop:
                 self.waiting.add(slot)
                 continue
             self.stats.bytes_down += nbytes
-            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes)
+            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask)
             self.waiting.discard(slot)
 
     # ------------------------------------------------------------------ replies
@@ -187,7 +191,7 @@ class BufferedServerLoop:
             return False
         try:
             reply = decode_reply(arrived.fields, self.strategy.space.numel, self.strategy.rule.consumes,
-                                 self.strategy.buffers)
+                                 self.strategy.buffers, assigned=flight.mask)
         except InvalidUpdateError as exc:
             self._reject(slot, str(exc))
             return False

@@ -2,8 +2,20 @@
 
 Nothing here imports Flower: :mod:`fedgmr.flower.adapter` turns these dicts into a
 Flower ``ConfigRecord`` and back. Tensors travel as raw little-endian bytes - the
-sub-model as :func:`~fedgmr.algorithm.encoding.encode_sparse` (header + bitmask or index
-list + float32 values), buffers as raw arrays with their dtype and shape - never pickle.
+sub-model as :func:`~fedgmr.algorithm.encoding.encode_sparse` (header, optional mask
+code, float32 values), buffers as raw arrays with their dtype and shape - never pickle.
+
+Payloads are what a real wire carries (SPEC §6.1):
+
+* the instruction (download) always carries the mask code with the values: the ClientApp
+  is stateless (Flower may start a process per message), so it never already holds the
+  mask;
+* the reply (upload) carries the values only, ``HEADER_BYTES + 4 k`` bytes: the server
+  decodes them against the mask it assigned to that client (:func:`decode_reply`'s
+  ``assigned``). A client that trained a *smaller* mask than assigned (``Reply.mask``)
+  says so explicitly: ``encode_reply(..., send_mask=True)`` puts the mask code in the
+  payload (its header flags it), and the strategy checks that it lies inside the
+  assignment.
 
 A train instruction carries the model version tag the reply must echo; the server uses it
 for staleness and to reject replies for a version it never sent (future or mismatched).
@@ -18,7 +30,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from fedgmr.algorithm.encoding import HEADER_BYTES, decode_sparse, encode_sparse, encoded_nbytes
+from fedgmr.algorithm.encoding import HEADER_BYTES, decode_sparse, encode_sparse, mask_code_limit, payload_nbytes
+from fedgmr.algorithm.maskinfo import gather
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.messages import Reply
 from fedgmr.training.local import TrainSettings
@@ -99,10 +112,11 @@ class TrainInstruction:
 def encode_instruction(client: int, version: int, seed: int, kind: str, mask: torch.Tensor,
                        params: torch.Tensor, buffers: Mapping[str, torch.Tensor],
                        settings: TrainSettings, validate: bool = False) -> dict[str, Any]:
-    """The fields of a train message: the sub-model ``params[mask]`` plus its mask."""
+    """The fields of a train message: the sub-model ``params[mask]`` plus its mask code
+    (always: the ClientApp holds no state between messages)."""
     fields: dict[str, Any] = {
         "client": int(client), "version": int(version), "seed": int(seed), "kind": kind,
-        "validate": bool(validate), "model": encode_sparse(mask, params[mask]),
+        "validate": bool(validate), "model": encode_sparse(mask, gather(params, mask), send_mask=True),
     }
     for name in _SETTINGS:
         fields[f"train.{name}"] = getattr(settings, name)
@@ -126,37 +140,59 @@ def decode_instruction(fields: Mapping[str, Any], base: TrainSettings) -> TrainI
 # ---------------------------------------------------------------------- replies
 def encode_reply(client: int, version: int, mask: torch.Tensor, values: torch.Tensor,
                  buffers: Mapping[str, torch.Tensor], num_samples: int, loss: float,
-                 val_score: float | None = None) -> dict[str, Any]:
-    """The fields of a train reply: the trained values at ``mask``, sparse-encoded."""
+                 val_score: float | None = None, num_processed: int | None = None,
+                 send_mask: bool = False) -> dict[str, Any]:
+    """The fields of a train reply: the trained values at ``mask``, values only (the
+    server holds the mask it assigned). ``send_mask=True`` is for a client reporting a
+    smaller ``mask`` than it was assigned: the mask code then travels in the payload.
+
+    ``num_samples`` is the client's training-set size; ``num_processed`` (optional) the
+    samples its local steps went through."""
     fields: dict[str, Any] = {
         "client": int(client), "version": int(version), "num_samples": int(num_samples),
-        "loss": float(loss), "payload": encode_sparse(mask, values),
+        "loss": float(loss), "payload": encode_sparse(mask, values, send_mask=send_mask),
     }
+    if num_processed is not None:
+        fields["num_processed"] = int(num_processed)
     if val_score is not None:
         fields["val_score"] = float(val_score)
     fields.update(encode_buffers(buffers))
     return fields
 
 
-def reply_limit(numel: int, buffers: Mapping[str, torch.Tensor]) -> int:
-    """Largest acceptable sparse payload for a model of ``numel`` coordinates: a dense
-    encoding (which is never larger than a sparse one)."""
-    return encoded_nbytes(numel, numel)
+def reply_limit(numel: int, buffers: Mapping[str, torch.Tensor] | None = None) -> int:
+    """Largest acceptable sparse payload for a model of ``numel`` coordinates: every
+    value plus the largest mask code (no valid reply is larger)."""
+    return payload_nbytes(numel, mask_code_limit(numel))
 
 
 def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
-                 expected_buffers: Mapping[str, torch.Tensor]) -> Reply:
+                 expected_buffers: Mapping[str, torch.Tensor],
+                 assigned: torch.Tensor | None = None) -> Reply:
     """Parse a reply (server side) into a :class:`Reply` for the strategy, which then
-    checks versions, the mask, shapes and finiteness. Malformed payloads (bad header,
-    wrong model size, oversized, undecodable buffers) raise :class:`InvalidUpdateError`."""
+    checks versions, the mask, shapes and finiteness.
+
+    ``assigned`` is the mask the server sent this client: a values-only payload must hold
+    exactly its count of values (``Reply.mask`` is then None: the assignment). A payload
+    carrying its own mask code gives ``Reply.mask`` (the strategy checks it lies inside the
+    assignment). Malformed payloads (bad header, wrong model size, oversized, a value
+    count other than the mask's, undecodable buffers, a bad ``num_processed``) raise
+    :class:`InvalidUpdateError`."""
     payload = _bytes(fields, "payload")
-    mask, values = decode_sparse(payload, expected_numel=numel, max_bytes=reply_limit(numel, expected_buffers))
+    mask, values = decode_sparse(payload, expected_numel=numel, max_bytes=reply_limit(numel, expected_buffers),
+                                 mask=assigned)
+    reported = None if mask is assigned else mask
     biggest = max((t.numel() * t.element_size() for t in expected_buffers.values()), default=0)
     buffers = decode_buffers(fields, expected_buffers, max_bytes=biggest)
     val = fields.get("val_score")
+    processed = None
+    if "num_processed" in fields:
+        processed = _int(fields, "num_processed")
+        if processed <= 0:
+            raise InvalidUpdateError(f"num_processed must be a positive integer, got {processed}")
     return Reply(_int(fields, "client"), _int(fields, "version"), values, _int(fields, "num_samples"), buffers,
-                 kind, mask, float(fields.get("loss", float("nan"))),
-                 None if val is None else float(val))
+                 kind, reported, float(fields.get("loss", float("nan"))),
+                 None if val is None else float(val), num_processed=processed)
 
 
 def _bytes(fields: Mapping[str, Any], key: str) -> bytes:

@@ -41,9 +41,10 @@ class JobResult:
     version: int
     values: torch.Tensor
     buffers: dict[str, torch.Tensor]
-    num_samples: int
+    num_samples: int  # training-set size
     loss: float
     val_score: float | None
+    num_processed: int | None = None  # samples processed by the local steps
 
 
 class ClientTrainer(Protocol):
@@ -87,7 +88,7 @@ class ClientWorkload:
             if job.kind == "delta":
                 values = values - gather(job.start, job.mask)
         return JobResult(job.client_id, job.version, values, out.buffers, out.num_samples,
-                         out.loss, out.val_score)
+                         out.loss, out.val_score, out.num_processed)
 
 
 class JobHandle(Protocol):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 import torch
 
-from fedgmr.algorithm.encoding import encoded_nbytes
+from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.algorithm.maskinfo import mask_count
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.sim.executor import Executor, JobHandle, JobResult, TrainJob, job_seed
@@ -38,8 +38,9 @@ class Coordination:
 
     mode: ``semi_async`` (aggregate after ``k`` arrivals or at a deadline) or ``sync``
         (wait for every dispatched client).
-    trigger: ``k`` or ``deadline`` (semi-async only); the deadline is the expected
-        arrival of the fastest in-flight client at the highest density, plus ``slack``.
+    trigger: ``k`` or ``deadline`` (semi-async only); the deadline is ``slack`` seconds
+        after the first arrival, since the last aggregation, of a client at the highest
+        density in flight (the reference runs' "fastest full-density client + 0.5 s").
     concurrency: clients training at once (None: all). Sync mode samples this many per round.
     server_time: seconds one aggregation takes before the new model is dispatched.
     ims: incremental model splitting with multicast of shared blocks.
@@ -78,8 +79,7 @@ class _InFlight:
     version: int
     handle: JobHandle
     up_bytes: float
-    expected_arrival: float
-    full: bool
+    density: float
 
 
 @dataclass(order=True)
@@ -104,7 +104,11 @@ class Simulator:
     evaluator: ``evaluator(params, buffers, split)`` -> (accuracy, loss) for split
         ``"test"`` or ``"val"``.
     seed: root seed (job seeds derive from it); ``sampling_rng`` picks clients.
-    eval_every: evaluate on the test split every that many server steps.
+    eval_interval: evaluate on the test split on a virtual-time grid, every that many
+        seconds (SPEC 9): the model evaluated at grid time ``t`` is the newest one whose
+        aggregation finished by ``t``; a model already evaluated is not evaluated again.
+    eval_every: instead, evaluate every that many server steps (the authors' cadence);
+        used only when ``eval_interval`` is None.
     check_interval: evaluate on the validation split for GMR every that many steps.
     byte_scale: multiplies every payload size (replays a paper model size).
     client_validation: ask clients to score their local model (per-client monitors).
@@ -114,8 +118,9 @@ class Simulator:
     def __init__(self, strategy: MaskedBufferedStrategy, space: ParamSpace, executor: Executor,
                  network: Network, coordination: Coordination, compute: ComputeModel,
                  evaluator: Evaluator, seed: int, sampling_rng: np.random.Generator,
-                 eval_every: int = 5, check_interval: int = 5, byte_scale: float = 1.0,
-                 client_validation: bool = False, on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 eval_every: int | None = 5, check_interval: int = 5, byte_scale: float = 1.0,
+                 client_validation: bool = False, on_record: Callable[[dict[str, Any]], None] | None = None,
+                 eval_interval: float | None = None) -> None:
         self.strategy = strategy
         self.space = space
         self.executor = executor
@@ -125,6 +130,11 @@ class Simulator:
         self.evaluator = evaluator
         self.seed = seed
         self.rng = sampling_rng
+        if eval_interval is None and eval_every is None:
+            raise ValueError("give eval_interval (virtual seconds) or eval_every (server steps)")
+        if eval_interval is not None and not eval_interval > 0:
+            raise ValueError(f"eval_interval must be > 0, got {eval_interval}")
+        self.eval_interval = eval_interval
         self.eval_every = eval_every
         self.check_interval = check_interval
         self.byte_scale = byte_scale
@@ -142,22 +152,37 @@ class Simulator:
         self.dispatches = [0] * n
         self.bytes_up = 0.0
         self.bytes_down = 0.0
+        self.uploads = 0  # replies that reached the server
+        self.downloads = 0  # sub-models sent to clients
         self.server_busy = False
         self.deadline_epoch = 0
+        self.deadline_armed = False
         self.deadline_passed = False
         self.wave: set[int] = set()
         self.records = 0
         self.started = False
         self._last_eval_step = -1
         self.last_step_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
+        # the newest model whose aggregation has finished (what a grid evaluation sees)
+        self._published: tuple[int, torch.Tensor, dict[str, torch.Tensor]] = (
+            strategy.version, strategy.params, strategy.buffers)
+        self._eval_cache: tuple[int, float, float] | None = None  # (version, accuracy, loss)
+        self.next_grid = 0.0 if eval_interval is not None else math.inf
+        self._grid_index = 0
+        self._since_record: dict[str, Any] = {"restored": [], "val": None}
 
     # ------------------------------------------------------------------ helpers
     def _push(self, time: float, kind: str, client: int = -1, data: float = 0.0) -> None:
+        if time < self.now:  # the clock never runs backwards (a bug, not a user error)
+            raise RuntimeError(f"{kind} event scheduled at t={time!r}, before the current time {self.now!r}")
         self._seq += 1
         heapq.heappush(self.events, _Event(time, self._seq, kind, client, data))
 
-    def _payload(self, kept: int) -> float:
-        return self.strategy.policy.payload_nbytes(kept) * self.byte_scale
+    def _payload(self, kept: int, mask: torch.Tensor | None = None) -> float:
+        """Bytes of a payload of ``kept`` values, carrying ``mask``'s code when given
+        (SPEC 6.1: values only upstream; the mask downstream only when it changed)."""
+        code = 0 if mask is None else self.strategy.policy.code_nbytes(mask)
+        return payload_nbytes(kept, code) * self.byte_scale
 
     @property
     def step(self) -> int:
@@ -171,20 +196,22 @@ class Simulator:
         assignments = [self.strategy.assign(c) for c in clients]
         start = self.strategy.params  # replaced by each aggregation, never mutated: no copy
         buffers = self.strategy.buffers
-        # payload blocks: with IMS, level blocks shared by the wave; else one per client
+        # payload blocks: with IMS, level blocks shared by the wave (a block carries its
+        # mask code when some receiver's mask changed); else one payload per client
         blocks: list[list[int]] = []
         block_bytes: list[float] = []
         if self.coord.ims and self.strategy.policy.nested:
             incs = self.strategy.policy.increments()
-            block_bytes = [self._payload(mask_count(b)) for b in incs]
+            top_changed = max((a.level for a in assignments if a.mask_changed), default=-1)
+            block_bytes = [self._payload(mask_count(b), b if i <= top_changed else None) for i, b in enumerate(incs)]
             blocks = [list(range(a.level + 1)) for a in assignments]
         else:
             for a in assignments:
                 blocks.append([len(block_bytes)])
-                block_bytes.append(self._payload(mask_count(a.mask)))
+                block_bytes.append(self._payload(mask_count(a.mask), a.mask if a.mask_changed else None))
         self.bytes_down += sum(block_bytes[b] for b in sorted({b for bl in blocks for b in bl}))
+        self.downloads += len(assignments)
         finish = self.network.download_wave(self.now, clients, blocks, block_bytes)
-        top = max(a.density for a in assignments)
         for a in assignments:
             c = a.client_id
             full_mask = mask_count(a.mask) == a.mask.numel()
@@ -192,24 +219,21 @@ class Simulator:
                            None if full_mask else a.mask, a.consumes, self.client_validation)
             self.dispatches[c] += 1
             handle = self.executor.submit(job)
-            up_bytes = self._payload(mask_count(a.mask))
+            up_bytes = self._payload(mask_count(a.mask))  # values only: the server knows the mask
             train_done = finish[c] + self.compute.time(c, None if full_mask else a.mask)
-            expected = train_done + up_bytes / self.network.up[c]
-            self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, expected, a.density >= top)
+            self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, a.density)
             self._push(train_done, "upload", c)
-        if self.coord.mode == "semi_async" and self.coord.trigger == "deadline":
-            self._arm_deadline()
 
-    def _arm_deadline(self) -> None:
-        if not self.in_flight:
+    def _maybe_arm_deadline(self, c: int, density: float) -> None:
+        """Deadline trigger: ``slack`` after the first arrival, since the last aggregation,
+        of a client at the highest density still in play. Armed from an event that has
+        happened, so it never lies in the past, whatever the jitter or queueing."""
+        if self.coord.mode != "semi_async" or self.coord.trigger != "deadline" or self.deadline_armed:
             return
-        top = max(self.strategy.ladder.ladder[self.strategy.ladder.levels[c]] for c in self.in_flight)
-        cands = [f.expected_arrival for c, f in self.in_flight.items()
-                 if self.strategy.ladder.ladder[self.strategy.ladder.levels[c]] >= top] or \
-                [f.expected_arrival for f in self.in_flight.values()]
-        self.deadline_epoch += 1
-        self.deadline_passed = False
-        self._push(min(cands) + self.coord.slack, "deadline", data=self.deadline_epoch)
+        top = max([f.density for f in self.in_flight.values()] + [density])
+        if density >= top:
+            self.deadline_armed = True
+            self._push(self.now + self.coord.slack, "deadline", data=self.deadline_epoch)
 
     def _idle_clients(self) -> list[int]:
         busy = set(self.in_flight) | set(self.strategy.arrivals)
@@ -247,8 +271,10 @@ class Simulator:
         f = self.in_flight.pop(c)
         res = f.handle.result()
         self.bytes_up += f.up_bytes
+        self.uploads += 1
         reply = Reply(c, res.version, res.values, res.num_samples, res.buffers,
-                      self.strategy.rule.consumes, None, res.loss, res.val_score)
+                      self.strategy.rule.consumes, None, res.loss, res.val_score, res.num_processed)
+        self._maybe_arm_deadline(c, f.density)
         accepted = self.strategy.receive(reply)
         if accepted and res.val_score is not None:
             self.strategy.on_client_validation(c, res.val_score)
@@ -270,6 +296,8 @@ class Simulator:
     def _aggregate(self) -> None:
         report = self.strategy.aggregate()
         self.server_busy = True
+        self.deadline_epoch += 1  # a deadline armed before this aggregation is void
+        self.deadline_armed = False
         self.deadline_passed = False
         self._push(self.now + self.coord.server_time, "server_free")
         self.last_step_stats = {
@@ -279,6 +307,7 @@ class Simulator:
 
     def _on_server_free(self) -> None:
         self.server_busy = False
+        self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
         self.now_step_done()
         if self.coord.mode == "sync":
             self._new_wave()
@@ -294,17 +323,34 @@ class Simulator:
             val_score, _ = self.evaluator(self.strategy.params, self.strategy.buffers, "val")
             moved += self.strategy.on_validation(val_score)
         moved += self.strategy.on_time(self.now)
-        if step % self.eval_every == 0:
-            self._evaluate(val_score, moved)
-        elif moved:
+        if moved:
             log.info("step %d: restored clients %s", step, moved)
+        if self.eval_interval is None:
+            if self.eval_every and step % self.eval_every == 0:
+                self._evaluate(val_score, moved)
+        else:
+            self._since_record["restored"] += moved
+            if val_score is not None:
+                self._since_record["val"] = val_score
 
-    def _evaluate(self, val_score: float | None = None, moved: Sequence[int] = ()) -> dict[str, Any]:
-        acc, loss = self.evaluator(self.strategy.params, self.strategy.buffers, "test")
+    def _test_score(self) -> tuple[float, float]:
+        """Accuracy and loss of the published model, evaluated once per model version."""
+        version, params, buffers = self._published
+        if self._eval_cache is None or self._eval_cache[0] != version:
+            acc, loss = self.evaluator(params, buffers, "test")
+            self._eval_cache = (version, acc, loss)
+        return self._eval_cache[1], self._eval_cache[2]
+
+    def _evaluate(self, val_score: float | None = None, moved: Sequence[int] = (),
+                  at: float | None = None) -> dict[str, Any]:
+        if self.eval_interval is None:  # step cadence: the model just aggregated, now
+            self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
+        acc, loss = self._test_score()
         dens = self.strategy.densities()
         rec = {
-            "time": self.now, "step": self.step, "accuracy": acc, "loss": loss,
+            "time": self.now if at is None else at, "step": self._published[0], "accuracy": acc, "loss": loss,
             "avg_density": mean_density(dens), "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+            "uploads": self.uploads, "downloads": self.downloads,
             "densities": dens, "val_accuracy": val_score, "restored": list(moved),
             "restorations": self.strategy.ladder.restorations,
             "staleness_mean": self.last_step_stats["staleness_mean"],
@@ -312,15 +358,28 @@ class Simulator:
             "rejected": self.strategy.rejected,
         }
         self.records += 1
-        self._last_eval_step = self.step
+        self._last_eval_step = self._published[0]
         self.on_record(rec)
         return rec
+
+    def _evaluate_grid(self, until: float, inclusive: bool) -> None:
+        """Evaluate every grid point before ``until`` (or at it, when ``inclusive``)."""
+        while self.next_grid < until or (inclusive and self.next_grid <= until):
+            since = self._since_record
+            self._evaluate(since["val"], since["restored"], at=self.next_grid)
+            self._since_record = {"restored": [], "val": None}
+            self._grid_index += 1
+            assert self.eval_interval is not None
+            self.next_grid = self._grid_index * self.eval_interval
 
     # ------------------------------------------------------------------ main loop
     def start(self) -> None:
         """Evaluate the initial model and dispatch the first clients."""
         self.started = True
-        self._evaluate()
+        if self.eval_interval is None:
+            self._evaluate()
+        else:
+            self._evaluate_grid(self.now, inclusive=True)
         if self.coord.mode == "sync":
             self._new_wave()
         else:
@@ -353,8 +412,10 @@ class Simulator:
             ev = heapq.heappop(self.events)
             if max_time is not None and ev.time > max_time:
                 heapq.heappush(self.events, ev)
+                self._evaluate_grid(max_time, inclusive=True)
                 self.now = max_time
                 break
+            self._evaluate_grid(ev.time, inclusive=False)  # events at a grid time come first
             self.now = ev.time
             if ev.kind == "upload":
                 self._on_upload(ev.client)
@@ -369,7 +430,13 @@ class Simulator:
                     on_step(self)
 
     def finish(self) -> dict[str, Any] | None:
-        """Evaluate the final model unless the last step was just evaluated."""
+        """Evaluate the final model unless it was just evaluated (on the time grid: the
+        grid points up to now, then the newest model at now if none of them saw it)."""
+        if self.eval_interval is not None:
+            self._evaluate_grid(self.now, inclusive=True)
+            if self._last_eval_step != self._published[0]:
+                return self._evaluate(at=self.now)
+            return None
         if self._last_eval_step != self.step:
             return self._evaluate()
         return None
@@ -384,14 +451,17 @@ class Simulator:
             r = f.handle.result()
             tensors[f"flight/{c}/values"] = r.values
             tensors.update({f"flight/{c}/buf/{k}": v for k, v in r.buffers.items()})
-            flights.append({"client": c, "version": f.version, "up_bytes": f.up_bytes,
-                            "expected": f.expected_arrival, "full": f.full, "num_samples": r.num_samples,
+            flights.append({"client": c, "version": f.version, "up_bytes": f.up_bytes, "density": f.density,
+                            "num_samples": r.num_samples, "num_processed": r.num_processed,
                             "loss": r.loss, "val_score": r.val_score})
         state = {
             "now": self.now, "seq": self._seq, "events": [[e.time, e.seq, e.kind, e.client, e.data] for e in self.events],
             "flights": flights, "dispatches": self.dispatches, "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down, "server_busy": self.server_busy, "deadline_epoch": self.deadline_epoch,
-            "deadline_passed": self.deadline_passed, "wave": sorted(self.wave), "records": self.records,
+            "bytes_down": self.bytes_down, "uploads": self.uploads, "downloads": self.downloads,
+            "server_busy": self.server_busy, "deadline_epoch": self.deadline_epoch,
+            "deadline_armed": self.deadline_armed, "deadline_passed": self.deadline_passed,
+            "next_grid": self.next_grid if math.isfinite(self.next_grid) else None, "grid_index": self._grid_index,
+            "since_record": self._since_record, "wave": sorted(self.wave), "records": self.records,
             "started": self.started, "last_eval_step": self._last_eval_step, "last_step_stats": self.last_step_stats,
             "network": self.network.state_dict(), "rng": self.rng.bit_generator.state,
         }
@@ -411,15 +481,23 @@ class Simulator:
             res = JobResult(c, int(f["version"]), tensors[f"flight/{c}/values"].clone(),
                             {k: tensors[f"flight/{c}/buf/{k}"].clone() for k in buf_names},
                             int(f["num_samples"]), float(f["loss"]),
-                            None if f["val_score"] is None else float(f["val_score"]))
+                            None if f["val_score"] is None else float(f["val_score"]),
+                            None if f["num_processed"] is None else int(f["num_processed"]))
             self.in_flight[c] = _InFlight(c, int(f["version"]), DoneHandle(res), float(f["up_bytes"]),
-                                          float(f["expected"]), bool(f["full"]))
+                                          float(f["density"]))
         self.dispatches = [int(v) for v in state["dispatches"]]
         self.bytes_up = float(state["bytes_up"])
         self.bytes_down = float(state["bytes_down"])
+        self.uploads = int(state["uploads"])
+        self.downloads = int(state["downloads"])
         self.server_busy = bool(state["server_busy"])
         self.deadline_epoch = int(state["deadline_epoch"])
+        self.deadline_armed = bool(state["deadline_armed"])
         self.deadline_passed = bool(state["deadline_passed"])
+        self.next_grid = math.inf if state["next_grid"] is None else float(state["next_grid"])
+        self._grid_index = int(state["grid_index"])
+        self._since_record = {"restored": list(state["since_record"]["restored"]),
+                              "val": state["since_record"]["val"]}
         self.wave = set(int(c) for c in state["wave"])
         self.records = int(state["records"])
         self.started = bool(state["started"])
@@ -427,3 +505,5 @@ class Simulator:
         self.last_step_stats = dict(state["last_step_stats"])
         self.network.load_state_dict(state["network"])
         self.rng.bit_generator.state = state["rng"]
+        # checkpoints are written right after a step finished: the strategy's model is published
+        self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)

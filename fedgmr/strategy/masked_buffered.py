@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -35,6 +35,14 @@ class _Entry:
     values: torch.Tensor
     num_samples: int
     buffers: dict[str, torch.Tensor]
+    num_processed: int
+    density: float  # the client's ladder density when it was dispatched
+
+
+#: how buffered BatchNorm statistics from sub-models fold into the global ones
+BN_RULES = ("full", "density", "all")
+#: what an update's weight beta counts besides its staleness factor
+WEIGHTINGS = ("samples", "processed", "equal")
 
 
 class MaskedBufferedStrategy:
@@ -48,11 +56,19 @@ class MaskedBufferedStrategy:
     ladder: the clients' density levels (restoration moves them up).
     rule: aggregation rule (MA, GA, FA or FedAsync mixing).
     staleness: s(tau).
-    weighting: ``samples`` (beta = samples x s(tau)) or ``equal`` (beta = s(tau)).
-    use_buffer: aggregate the latest update of every client (True) or arrivals only.
+    weighting: ``samples`` (beta = the client's training-set size x s(tau)), ``processed``
+        (samples its local steps went through x s(tau)) or ``equal`` (beta = s(tau)).
+    use_buffer: aggregate the latest update of every client (True) or arrivals only. A rule
+        that consumes deltas applies each delta once and cannot use the buffer (ValueError).
     max_staleness: drop buffered updates older than this many steps (None: keep).
     fedasync_alpha: base mixing rate of the FedAsync rule.
     trigger: when restoration fires; ``client_patience`` enables per-client monitors.
+    bn_rule: BatchNorm running statistics of the aggregated updates: ``full`` (only
+        full-density clients' statistics; previous ones kept when none was aggregated),
+        ``density`` (weights beta x density) or ``all`` (weights beta). A sub-model's
+        statistics describe the sub-model's activations, not the full model's.
+    bn_stats: ``bn_stats(params) -> buffers`` re-estimates the statistics on the server
+        after every aggregation (overrides ``bn_rule``; the baselines' static BN).
     """
 
     def __init__(self, space: ParamSpace, params: torch.Tensor, buffers: dict[str, torch.Tensor],
@@ -60,9 +76,18 @@ class MaskedBufferedStrategy:
                  staleness: StalenessFn, weighting: str = "samples", use_buffer: bool = True,
                  max_staleness: int | None = None, fedasync_alpha: float = 0.6,
                  trigger: RestorationTrigger | None = None, client_patience: int | None = None,
-                 client_min_delta: float = 0.0) -> None:
-        if weighting not in ("samples", "equal"):
-            raise ValueError(f"weighting must be 'samples' or 'equal', got {weighting!r}")
+                 client_min_delta: float = 0.0, bn_rule: str = "full",
+                 bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        if bn_rule not in BN_RULES:
+            raise ValueError(f"bn_rule must be one of {BN_RULES}, got {bn_rule!r}")
+        if use_buffer and rule.consumes == "delta":
+            raise ValueError(f"aggregation rule {rule.name!r} applies each delta once and cannot use the "
+                             f"buffer: set aggregation.buffer to false")
+        if use_buffer and rule.sequential:
+            raise ValueError(f"aggregation rule {rule.name!r} mixes each arrival once and cannot use the "
+                             f"buffer: set aggregation.buffer to false")
         self.space = space
         self.params = params.detach().clone().float()
         self.buffers = {k: v.clone() for k, v in buffers.items()}
@@ -71,8 +96,9 @@ class MaskedBufferedStrategy:
         self.rule = rule
         self.staleness = staleness
         self.weighting = weighting
-        # a delta must not be applied twice, and FedAsync mixes each arrival once
-        self.use_buffer = use_buffer and rule.consumes == "model" and not rule.sequential
+        self.use_buffer = use_buffer
+        self.bn_rule = bn_rule
+        self.bn_stats = bn_stats
         self.max_staleness = max_staleness
         self.fedasync_alpha = fedasync_alpha
         self.trigger = trigger or NoTrigger()
@@ -86,7 +112,10 @@ class MaskedBufferedStrategy:
         self._arrivals: list[int] = []
         self._pending: dict[int, _Entry] = {}
         self._last_used_masks: list[torch.Tensor] = []
+        self._held: dict[int, torch.Tensor] = {}  # the mask each client last received
         self.rejected = 0
+        if bn_stats is not None:
+            self.buffers = bn_stats(self.params)
 
     # ------------------------------------------------------------------ dispatch
     @property
@@ -96,9 +125,13 @@ class MaskedBufferedStrategy:
     def assign(self, client_id: int) -> Assignment:
         """Prepare client ``client_id``'s next job at the current model version."""
         level = self.ladder.levels[client_id]
-        a = Assignment(client_id, self.version, level, self.ladder.ladder[level],
-                       self.policy.mask(level), self.rule.consumes)
+        mask = self.policy.mask(level)
+        held = self._held.get(client_id)
+        changed = held is None or (held is not mask and not torch.equal(held, mask))
+        a = Assignment(client_id, self.version, level, self.ladder.ladder[level], mask, self.rule.consumes,
+                       changed)
         self._outstanding[client_id] = a
+        self._held[client_id] = mask
         return a
 
     def densities(self) -> list[float]:
@@ -151,10 +184,13 @@ class MaskedBufferedStrategy:
             raise InvalidUpdateError(f"values of shape {shape}; expected ({kept},)")
         if not bool(torch.isfinite(values).all()):
             raise InvalidUpdateError("values contain NaN or Inf")
-        ns = reply.num_samples
-        if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not math.isfinite(ns) or ns <= 0 \
-                or ns != int(ns):
-            raise InvalidUpdateError(f"num_samples must be a positive integer, got {ns!r}")
+        for field_name in ("num_samples", "num_processed"):
+            ns = getattr(reply, field_name)
+            if ns is None and field_name == "num_processed":
+                continue
+            if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not math.isfinite(ns) or ns <= 0 \
+                    or ns != int(ns):
+                raise InvalidUpdateError(f"{field_name} must be a positive integer, got {ns!r}")
         buffers = {}
         for name, ref in self.buffers.items():
             b = reply.buffers.get(name)
@@ -164,8 +200,9 @@ class MaskedBufferedStrategy:
                 raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or non-finite values")
             buffers[name] = b.detach().clone()
         # the strategy takes ownership of the values: no copy unless a conversion is needed
+        processed = reply.num_processed if reply.num_processed is not None else reply.num_samples
         return _Entry(reply.client_id, reply.version, mask, values.detach().to(torch.float32),
-                      int(reply.num_samples), buffers)
+                      int(reply.num_samples), buffers, int(processed), a.density)
 
     # ------------------------------------------------------------------ aggregation
     @property
@@ -173,10 +210,28 @@ class MaskedBufferedStrategy:
         """Clients whose update arrived since the last aggregation (in order)."""
         return list(self._arrivals)
 
+    def _beta(self, e: _Entry, s: float) -> float:
+        if self.rule.sequential:
+            return self.fedasync_alpha * s
+        if self.weighting == "samples":
+            return s * e.num_samples
+        if self.weighting == "processed":
+            return s * e.num_processed
+        return s
+
     def aggregate(self) -> StepReport:
-        """One server step: fold the selected updates into the global model."""
+        """One server step: fold the selected updates into the global model.
+
+        A sequential rule (FedAsync) mixes one arrival per step, with its own staleness;
+        later arrivals wait for the next steps."""
         source = self._buffer if self.use_buffer else self._pending
-        entries = list(source.values()) if self.use_buffer else [source[c] for c in self._arrivals if c in source]
+        if self.use_buffer:
+            entries = list(source.values())
+        else:
+            entries = [source[c] for c in self._arrivals if c in source]
+        if self.rule.sequential:
+            entries = entries[:1]
+        consumed = {e.client_id for e in entries} if self.rule.sequential else None
         used: list[_Entry] = []
         taus: list[int] = []
         weights: list[float] = []
@@ -184,11 +239,7 @@ class MaskedBufferedStrategy:
             tau = self.version - e.version
             if self.max_staleness is not None and tau > self.max_staleness:
                 continue
-            s = self.staleness(tau)
-            if self.rule.sequential:
-                w = self.fedasync_alpha * s
-            else:
-                w = s * (e.num_samples if self.weighting == "samples" else 1.0)
+            w = self._beta(e, self.staleness(tau))
             used.append(e)
             taus.append(tau)
             weights.append(w)
@@ -200,15 +251,41 @@ class MaskedBufferedStrategy:
             # rules return a new tensor: params are replaced, never mutated in place, so
             # in-flight jobs may share the old vector without copying it
             self.params = self.rule(self.params, updates, weights)
-            buf_w = [w if not self.rule.sequential else 1.0 for w in weights]
-            self.buffers = average_buffers([e.buffers for e in used], buf_w, self.buffers)
+            if self.bn_stats is None:
+                self.buffers = self._fold_buffers(used, weights)
+        if self.bn_stats is not None:
+            self.buffers = self.bn_stats(self.params)
         self._last_used_masks = [e.mask for e in used]
         self.version += 1
         self.policy.refresh(self.version, self.params)
         report = StepReport(self.version, [e.client_id for e in used], taus, weights, self.rejected)
-        self._arrivals.clear()
-        self._pending.clear()
+        if consumed is None:
+            self._arrivals.clear()
+            self._pending.clear()
+        else:
+            self._arrivals = [c for c in self._arrivals if c not in consumed]
+            for c in consumed:
+                self._pending.pop(c, None)
         return report
+
+    def _fold_buffers(self, used: list[_Entry], weights: list[float]) -> dict[str, torch.Tensor]:
+        """BatchNorm statistics after an aggregation, by :attr:`bn_rule`."""
+        if not self.buffers:
+            return self.buffers
+        if self.rule.sequential:  # FedAsync: the statistics are mixed like the weights
+            out = {k: v.clone() for k, v in self.buffers.items()}
+            for e, a in zip(used, weights):
+                out = average_buffers([out, e.buffers], [1.0 - a, a], out)
+            return out
+        if self.bn_rule == "full":
+            pairs = [(e, w) for e, w in zip(used, weights) if e.density >= 1.0]
+            if not pairs:
+                return self.buffers
+            return average_buffers([e.buffers for e, _ in pairs], [w for _, w in pairs], self.buffers)
+        if self.bn_rule == "density":
+            return average_buffers([e.buffers for e in used], [w * e.density for e, w in zip(used, weights)],
+                                   self.buffers)
+        return average_buffers([e.buffers for e in used], weights, self.buffers)
 
     def min_coverage(self) -> int:
         """Minimum coverage index Gamma* of the last aggregation (0 when some coordinate
@@ -266,14 +343,17 @@ class MaskedBufferedStrategy:
             tensors[f"{key}/values"] = e.values
             tensors.update({f"{key}/buf/{k}": v for k, v in e.buffers.items()})
             entries.append({"where": where, "client": e.client_id, "version": e.version,
-                            "num_samples": e.num_samples, "mask": mask_key(e.mask)})
+                            "num_samples": e.num_samples, "num_processed": e.num_processed,
+                            "density": e.density, "mask": mask_key(e.mask)})
         outstanding = [{"client": cid, "version": a.version, "level": a.level, "density": a.density,
-                        "mask": mask_key(a.mask)} for cid, a in self._outstanding.items()]
+                        "mask": mask_key(a.mask), "mask_changed": a.mask_changed}
+                       for cid, a in self._outstanding.items()]
+        held = {str(cid): mask_key(m) for cid, m in self._held.items()}
         pol_state, pol_tensors = self.policy.state_dict()
         tensors.update({f"policy/{k}": v for k, v in pol_tensors.items()})
         state = {
             "version": self.version, "rejected": self.rejected, "arrivals": list(self._arrivals),
-            "entries": entries, "outstanding": outstanding, "ladder": self.ladder.state_dict(),
+            "entries": entries, "outstanding": outstanding, "held": held, "ladder": self.ladder.state_dict(),
             "trigger": self.trigger.state_dict(), "policy": pol_state,
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
         }
@@ -305,13 +385,15 @@ class MaskedBufferedStrategy:
             key = f"entry/{item['where']}/{item['client']}"
             e = _Entry(int(item["client"]), int(item["version"]), masks[int(item["mask"])],
                        tensors[f"{key}/values"].clone(), int(item["num_samples"]),
-                       {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers})
+                       {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers},
+                       int(item["num_processed"]), float(item["density"]))
             (self._buffer if item["where"] == "b" else self._pending)[e.client_id] = e
         self._outstanding = {
             int(o["client"]): Assignment(int(o["client"]), int(o["version"]), int(o["level"]), float(o["density"]),
-                                         masks[int(o["mask"])], self.rule.consumes)
+                                         masks[int(o["mask"])], self.rule.consumes, bool(o["mask_changed"]))
             for o in state["outstanding"]
         }
+        self._held = {int(c): masks[int(k)] for c, k in state["held"].items()}
 
 
 def mean_density(densities: list[float]) -> float:

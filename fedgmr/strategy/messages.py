@@ -18,6 +18,9 @@ class Assignment:
     density: float
     mask: torch.Tensor  # bool over the flat parameter vector (shared per level)
     consumes: Literal["model", "delta"] = "model"
+    #: the mask differs from the one the client last held (first contact, restoration,
+    #: refresh): the download must carry it; otherwise only values travel
+    mask_changed: bool = True
 
 
 @dataclass
@@ -27,6 +30,11 @@ class Reply:
     ``values`` are the trained weights (``kind="model"``) or the change from the
     downloaded model (``kind="delta"``) at the coordinates of ``mask`` - the assigned
     mask unless the client reports a smaller one.
+
+    ``num_samples`` is the size of the client's training set (FedAvg's ``n_k``, the
+    default aggregation weight); ``num_processed`` the samples its local steps went
+    through (local steps x batch; ``aggregation.weighting: processed``). A client that
+    does not report it is taken to have processed ``num_samples``.
     """
 
     client_id: int
@@ -38,6 +46,7 @@ class Reply:
     mask: torch.Tensor | None = None
     loss: float = float("nan")
     val_score: float | None = None
+    num_processed: int | None = None
 
 
 @dataclass

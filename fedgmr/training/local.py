@@ -76,8 +76,9 @@ class TrainOutcome:
     params: torch.Tensor  # full flat vector, zero outside the mask
     buffers: dict[str, torch.Tensor]
     loss: float
-    num_samples: int
+    num_samples: int  # the client's training-set size (FedAvg's n_k)
     val_score: float | None = None
+    num_processed: int | None = None  # samples the local steps went through
 
 
 def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tensor,
@@ -134,4 +135,4 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     if val is not None and len(val[1]) > 0:
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
     return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(settings.local_steps, 1),
-                        settings.local_steps * batches.bs, val_score)
+                        len(y), val_score, settings.local_steps * batches.bs)

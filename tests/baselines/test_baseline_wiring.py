@@ -7,7 +7,8 @@ import torch
 
 from conftest import tiny_config
 from fedgmr.baselines.server import BaselineStrategy
-from fedgmr.baselines.wire import structured_nbytes
+from fedgmr.algorithm.encoding import payload_nbytes
+from fedgmr.baselines.wire import STRUCTURED_CODE_BYTES
 from fedgmr.experiment.build import build_experiment
 from fedgmr.methods import resolve_config
 
@@ -20,10 +21,11 @@ def test_heterofl_bytes_are_structured_payloads_and_label_split_reaches_aggregat
     exp = _build("heterofl")
     sim, st = exp.simulator, exp.strategy
     assert isinstance(st, BaselineStrategy)
-    assert st.policy.payload_nbytes(100) == structured_nbytes(100)
+    assert st.policy.code_nbytes(st.policy.mask(0)) == STRUCTURED_CODE_BYTES  # a rate and a shift, no mask bits
     sim.start()
-    masks = [st.assign(c).mask for c in range(st.num_clients)]
-    expected = sum(structured_nbytes(int(m.sum())) for m in masks) * sim.byte_scale
+    masks = [a.mask for a in st._outstanding.values()]
+    # first contact: values plus the 12-byte slice description, one payload per client (no IMS)
+    expected = sum(payload_nbytes(int(m.sum()), STRUCTURED_CODE_BYTES) for m in masks) * sim.byte_scale
     assert abs(sim.bytes_down - expected) < 1e-6 * expected
     sim.run(max_steps=1)
     out = exp.space.output_layer

@@ -15,12 +15,21 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from fedgmr.algorithm.encoding import decode_sparse, encode_sparse
+from fedgmr.algorithm.encoding import (
+    HEADER_BYTES,
+    decode_mask,
+    decode_sparse,
+    encode_sparse,
+    mask_code_nbytes,
+    payload_nbytes,
+    sparse_header,
+)
+from fedgmr.errors import InvalidUpdateError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.flower.client import load_run_config, train_handler
 from fedgmr.flower.faults import MALFORMED, corrupt, fault_mod
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings
-from fedgmr.flower.payload import decode_instruction, encode_instruction, encode_reply
+from fedgmr.flower.payload import decode_instruction, decode_reply, encode_instruction, encode_reply, reply_limit
 
 
 @dataclass
@@ -121,17 +130,24 @@ def test_reply_handler_rejects_crafted_messages_without_changing_params(run_conf
     by_slot = {loop.in_flight[a.instruction_id].slot: a for a in arrived}
     good = by_slot[3]
     # every malformed variant of slot 3's reply, each against a fresh outstanding job
+    flight = type(next(iter(loop.in_flight.values())))
     for kind in MALFORMED:
-        loop.strategy.assign(3)
+        a = loop.strategy.assign(3)
         msg_id = uuid.uuid4().hex
-        loop.in_flight[msg_id] = type(next(iter(loop.in_flight.values())))(3, loop.strategy.version, 0.0, 0)
+        loop.in_flight[msg_id] = flight(3, loop.strategy.version, 0.0, 0, a.mask)
         bad = _Arrived(msg_id, good.node_id, corrupt(good.fields, kind), None, 0)
         assert loop.handle(bad) is False, kind
     # a reply from a node other than the one the job went to
+    a = loop.strategy.assign(3)
     msg_id = uuid.uuid4().hex
-    loop.in_flight[msg_id] = type(next(iter(loop.in_flight.values())))(3, loop.strategy.version, 0.0, 0)
+    loop.in_flight[msg_id] = flight(3, loop.strategy.version, 0.0, 0, a.mask)
     assert loop.handle(_Arrived(msg_id, 99, good.fields, None, 0)) is False
-    assert loop.strategy.rejected == len(MALFORMED) + 1
+    # values-only reply decoded against a larger assignment: the value count is wrong
+    msg_id = uuid.uuid4().hex
+    loop.in_flight[msg_id] = flight(3, loop.strategy.version, 0.0, 0, torch.ones_like(a.mask))
+    assert loop.handle(_Arrived(msg_id, good.node_id, good.fields, None, 0)) is False
+    assert loop.strategy.rejected == len(MALFORMED) + 2
+    assert "assigned mask keeps" in loop.stats.log[-1]
     assert loop.strategy.arrivals == []
     assert torch.equal(loop.strategy.params, before)
 
@@ -148,19 +164,120 @@ def test_crashing_and_silent_clients_do_not_stall_the_loop(run_config, caplog):
     assert records[-1]["wall_time"] < 30
 
 
-def test_payload_round_trip_is_exact_and_never_pickled(run_config):
+def _exp(run_config):
     cfg = load_run_config(run_config)
     exp = build_experiment(cfg)
-    s = exp.strategy
+    return exp, exp.strategy, exp.simulator.executor.workload.settings
+
+
+def test_payload_round_trip_is_exact_and_never_pickled(run_config):
+    exp, s, settings = _exp(run_config)
     a = s.assign(3)
-    fields = encode_instruction(3, a.version, 7, a.consumes, a.mask, s.params, s.buffers,
-                                exp.simulator.executor.workload.settings)
+    fields = encode_instruction(3, a.version, 7, a.consumes, a.mask, s.params, s.buffers, settings)
     assert all(isinstance(v, (int, float, str, bytes, bool, list)) for v in fields.values())
     assert all(not (isinstance(v, bytes) and v[:1] == b"\x80") for v in fields.values())  # no pickle header
-    ins = decode_instruction(fields, exp.simulator.executor.workload.settings)
+    ins = decode_instruction(fields, settings)
     assert torch.equal(ins.mask, a.mask) and torch.equal(ins.start, s.params * a.mask)
     mask, vals = decode_sparse(fields["model"])
     assert torch.equal(vals, s.params[a.mask])
     reply = encode_reply(3, 0, a.mask, s.params[a.mask], s.buffers, 10, 0.5)
-    assert decode_sparse(reply["payload"])[1].numel() == int(a.mask.sum())
+    assert decode_sparse(reply["payload"], mask=a.mask)[1].numel() == int(a.mask.sum())
     assert encode_sparse(mask, vals) == fields["model"]
+
+
+def test_download_carries_the_mask_code_and_upload_only_the_values(run_config):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)  # a 0.05-density client under High heterogeneity
+    k = int(a.mask.sum())
+    assert 0 < k < a.mask.numel()
+    fields = encode_instruction(3, a.version, 7, a.consumes, a.mask, s.params, s.buffers, settings)
+    assert len(fields["model"]) == payload_nbytes(k, mask_code_nbytes(a.mask))
+    assert sparse_header(fields["model"]) == (a.mask.numel(), k, True)
+    assert mask_code_nbytes(a.mask) < a.mask.numel() / 8  # near its entropy, below a bitmap
+    reply = encode_reply(3, a.version, a.mask, torch.randn(k), s.buffers, 10, 0.5)
+    assert len(reply["payload"]) == HEADER_BYTES + 4 * k
+    assert sparse_header(reply["payload"]) == (a.mask.numel(), k, False)
+
+
+def test_values_only_reply_round_trips_against_the_assigned_mask(run_config):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)
+    k = int(a.mask.sum())
+    values = torch.randn(k)
+    fields = encode_reply(3, a.version, a.mask, values, s.buffers, 10, 0.5, val_score=0.25, num_processed=40)
+    reply = decode_reply(fields, s.space.numel, a.consumes, s.buffers, assigned=a.mask)
+    assert reply.mask is None  # the assignment
+    assert torch.equal(reply.values, values)
+    assert (reply.client_id, reply.version, reply.num_samples, reply.num_processed) == (3, a.version, 10, 40)
+    assert reply.loss == 0.5 and reply.val_score == 0.25
+    assert s.receive(reply) is True
+    assert s.arrivals == [3]
+
+
+def test_values_only_reply_with_the_wrong_mask_count_is_rejected(run_config):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)
+    k = int(a.mask.sum())
+    fields = encode_reply(3, a.version, a.mask, torch.randn(k), s.buffers, 10, 0.5)
+    other = a.mask.clone()
+    other[torch.nonzero(other)[0]] = False  # one coordinate fewer
+    with pytest.raises(InvalidUpdateError, match="assigned mask keeps"):
+        decode_reply(fields, s.space.numel, a.consumes, s.buffers, assigned=other)
+    with pytest.raises(InvalidUpdateError, match="no assigned mask"):
+        decode_reply(fields, s.space.numel, a.consumes, s.buffers)
+    with pytest.raises(InvalidUpdateError, match="coordinates"):
+        decode_reply(fields, s.space.numel, a.consumes, s.buffers, assigned=torch.cat([a.mask, a.mask[:1]]))
+
+
+def test_a_client_may_report_a_smaller_mask_explicitly(run_config):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)
+    smaller = a.mask.clone()
+    smaller[torch.nonzero(smaller)[:5, 0]] = False
+    k = int(smaller.sum())
+    values = torch.randn(k)
+    fields = encode_reply(3, a.version, smaller, values, s.buffers, 10, 0.5, send_mask=True)
+    assert len(fields["payload"]) == payload_nbytes(k, mask_code_nbytes(smaller))
+    reply = decode_reply(fields, s.space.numel, a.consumes, s.buffers, assigned=a.mask)
+    assert torch.equal(reply.mask, smaller) and torch.equal(reply.values, values)
+    assert s.receive(reply) is True
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "7", True])
+def test_bad_num_processed_is_rejected(run_config, bad):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)
+    fields = encode_reply(3, a.version, a.mask, torch.randn(int(a.mask.sum())), s.buffers, 10, 0.5)
+    assert "num_processed" not in fields
+    fields["num_processed"] = bad
+    with pytest.raises(InvalidUpdateError, match="num_processed"):
+        decode_reply(fields, s.space.numel, a.consumes, s.buffers, assigned=a.mask)
+
+
+def test_client_handler_replies_values_only_with_num_processed(run_config):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)
+    fields = encode_instruction(3, a.version, 7, a.consumes, a.mask, s.params, s.buffers, settings)
+    out = train_handler(fields, run_config, {"partition-id": 3}, 3)
+    k = int(a.mask.sum())
+    assert len(out["payload"]) == HEADER_BYTES + 4 * k
+    reply = decode_reply(out, s.space.numel, a.consumes, s.buffers, assigned=a.mask)
+    assert reply.num_samples > 0
+    assert reply.num_processed is None or reply.num_processed > 0
+    assert s.receive(reply) is True
+
+
+def test_oversized_fault_exceeds_the_reply_limit(run_config):
+    exp, s, settings = _exp(run_config)
+    a = s.assign(3)
+    fields = encode_reply(3, a.version, a.mask, torch.randn(int(a.mask.sum())), s.buffers, 10, 0.5)
+    bad = corrupt(fields, "oversized")
+    assert len(bad["payload"]) > reply_limit(s.space.numel, s.buffers)
+    with pytest.raises(InvalidUpdateError, match="exceeds the limit"):
+        decode_reply(bad, s.space.numel, a.consumes, s.buffers, assigned=a.mask)
+    # the outside-mask fault claims every coordinate with an explicit mask code
+    wide = corrupt(fields, "outside-mask")
+    reply = decode_reply(wide, s.space.numel, a.consumes, s.buffers, assigned=a.mask)
+    assert bool(decode_mask(wide["payload"][HEADER_BYTES:-4 * s.space.numel]).all())
+    assert reply.mask is not None and bool(reply.mask.all())
+    assert s.receive(reply) is False
