@@ -59,7 +59,9 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
             max_steps=steps, k=int(_num(run_config, "k", cfg.coordination.k) or 1),
             reply_timeout=float(_num(run_config, "reply-timeout", 60.0) or 60.0),
             step_timeout=float(_num(run_config, "step-timeout", 30.0) or 30.0),
-            max_wall=_num(run_config, "max-wall", None), eval_every=cfg.run.eval_every,
+            max_wall=_num(run_config, "max-wall", None),
+            # a deployment has no virtual clock: it evaluates every N server steps (5 unless set)
+            eval_every=int(_num(run_config, "eval-every", cfg.run.eval_every or 5) or 5),
             check_interval=cfg.restoration.check_interval,
         )
         metrics = open(out_dir / "metrics.jsonl", "w") if out_dir else None
