@@ -38,6 +38,7 @@ def config(method: str, steps: int, local_steps: int, model: str) -> dict:
         "training": {"lr": 0.05, "local_steps": local_steps, "batch_size": 20},
         # no evaluation inside the timed loop: we measure the simulator, not the test set
         "restoration": {"trigger": "none"},
+        "coordination": {"trigger": "k", "k": 3},
         "run": {"max_steps": steps, "eval_every": 10**9, "torch_threads": 1},
     }
 
