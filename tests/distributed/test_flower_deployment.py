@@ -159,7 +159,9 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
     clients = honest + 2  # + one node cycling through malformed replies, + one that never answers
     cfg = _fedgmr_config(tmp_path, clients=clients, steps=steps)
     app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": steps,
-                                       "reply-timeout": 25.0, "step-timeout": 8.0, "max-wall": 400.0,
+                                       # a ClientApp process per message: five cold starts (torch,
+                                       # data, model) share 2 cores, ~25 s on a busy machine
+                                       "reply-timeout": 90.0, "step-timeout": 8.0, "max-wall": 900.0,
                                        "node-wait": 60.0})
     write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
     _superlink(procs, port, simulation=False)
@@ -171,7 +173,7 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
         procs.start(f"supernode{i}", [str(BIN / "flower-supernode"), "--insecure", "--superlink",
                                       f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(_free_port()),
                                       "--node-config", node_cfg])
-    result = _flwr_run(procs, app, "loop", out, timeout=420)
+    result = _flwr_run(procs, app, "loop", out, timeout=1000)
     print("loopback:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
     print("\n".join(result["rejection_log"]))
     server_log = (out / "server.log").read_text()
