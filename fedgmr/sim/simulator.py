@@ -164,8 +164,8 @@ class Simulator:
         self._last_eval_step = -1
         self.last_step_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
         # the newest model whose aggregation has finished (what a grid evaluation sees)
-        self._published: tuple[int, torch.Tensor, dict[str, torch.Tensor]] = (
-            strategy.version, strategy.params, strategy.buffers)
+        self._published: tuple[int, torch.Tensor, dict[str, torch.Tensor]] = (0, strategy.params, {})
+        self._publish()
         self._eval_cache: tuple[int, float, float] | None = None  # (version, accuracy, loss)
         self.next_grid = 0.0 if eval_interval is not None else math.inf
         self._grid_index = 0
@@ -307,7 +307,7 @@ class Simulator:
 
     def _on_server_free(self) -> None:
         self.server_busy = False
-        self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
+        self._publish()
         self.now_step_done()
         if self.coord.mode == "sync":
             self._new_wave()
@@ -333,6 +333,10 @@ class Simulator:
             if val_score is not None:
                 self._since_record["val"] = val_score
 
+    def _publish(self) -> None:
+        """The strategy's current model becomes the one grid evaluations see."""
+        self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
+
     def _test_score(self) -> tuple[float, float]:
         """Accuracy and loss of the published model, evaluated once per model version."""
         version, params, buffers = self._published
@@ -344,7 +348,7 @@ class Simulator:
     def _evaluate(self, val_score: float | None = None, moved: Sequence[int] = (),
                   at: float | None = None) -> dict[str, Any]:
         if self.eval_interval is None:  # step cadence: the model just aggregated, now
-            self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
+            self._publish()
         acc, loss = self._test_score()
         dens = self.strategy.densities()
         rec = {
@@ -506,4 +510,4 @@ class Simulator:
         self.network.load_state_dict(state["network"])
         self.rng.bit_generator.state = state["rng"]
         # checkpoints are written right after a step finished: the strategy's model is published
-        self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
+        self._publish()
