@@ -20,7 +20,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _fail(exc: Exception) -> None:
-    code = 2 if isinstance(exc, ConfigError) else 1
+    """One line on stderr and the error's documented exit code (see fedgmr.errors)."""
+    code = getattr(exc, "exit_code", 1)
     typer.echo(f"error: {exc}", err=True)
     raise typer.Exit(code)
 
