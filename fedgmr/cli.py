@@ -31,10 +31,14 @@ def load_raw_config(config: str) -> dict[str, Any]:
     from fedgmr.presets import load_preset, preset_names
 
     path = Path(config)
-    if path.exists():
+    # a file wins over a preset of the same name; a directory never shadows a preset
+    if path.is_file():
         return read_config_file(path)
     if config in preset_names():
         return load_preset(config)
+    if path.exists():
+        raise ConfigError(f"'{config}' is not a config file (a directory?) nor a preset "
+                          f"(presets: {', '.join(preset_names())})")
     raise ConfigError(f"'{config}' is neither a config file nor a preset (presets: {', '.join(preset_names())})")
 
 
