@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,33 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 def _one_thread() -> None:
     # tests run in parallel on 2 cores; oversubscribed BLAS threads only slow them down
     torch.set_num_threads(1)
+
+
+def timeout_scale() -> float:
+    """How much longer than on an idle machine every wait in the tests may take.
+
+    ``FEDGMR_TEST_TIMEOUT_SCALE`` (default 1) times the machine's current load per core
+    (at least 1, at most 8): a test that waits on a process or a server never fails only
+    because the machine is busy, e.g. with another test suite running beside it."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # pragma: no cover - platforms without a load average
+        load = 1.0
+    return float(os.environ.get("FEDGMR_TEST_TIMEOUT_SCALE", "1")) * min(8.0, max(1.0, load))
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` scaled by :func:`timeout_scale`: use for every timeout a test waits on."""
+    return seconds * timeout_scale()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Keep each phase's report on the test item, so fixtures can tell a failed test
+    (and, for example, print the logs of the servers it started)."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
 
 
 def tiny_config(**sections: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import tiny_config
+from conftest import scaled, tiny_config
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install 'fedgmr[flower]'")
 
@@ -56,6 +56,15 @@ class Processes:
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
+    def dump_logs(self, tail: int = 6000) -> str:
+        """The tail of every process's log and of every server.log under the test's
+        directory, for the failure report (the files stay in pytest's tmp directory)."""
+        parts = []
+        for path in sorted(self.root.rglob("*.log")):
+            text = path.read_text(errors="replace")
+            parts.append(f"----- {path} ({len(text)} chars, last {tail}) -----\n{text[-tail:]}")
+        return "\n".join(parts)
+
     def stop(self) -> None:
         for _, p, _ in reversed(self.procs):
             try:
@@ -77,15 +86,19 @@ class Processes:
 
 
 @pytest.fixture
-def procs(tmp_path: Path):
+def procs(tmp_path: Path, request: pytest.FixtureRequest):
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "RAY_USAGE_STATS_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}
     p = Processes(tmp_path, env)
     yield p
     p.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n===== logs of the deployment (kept in {tmp_path}) =====\n{p.dump_logs()}")
 
 
 def _wait_http(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"{what} exited early"
@@ -116,17 +129,25 @@ def _fedgmr_config(tmp_path: Path, clients: int, steps: int, heterogeneity: Any 
 
 def _flwr_run(procs: Processes, app: Path, connection: str, out: Path, timeout: float) -> dict[str, Any]:
     p = procs.start("flwr-run", [str(BIN / "flwr"), "run", str(app), connection, "--stream"])
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     summary = out / "summary.json"
-    while not summary.exists():
+    while (result := _read_json(summary)) is None:
         if time.monotonic() > deadline:
             raise AssertionError(f"no summary after {timeout} s\n--- flwr run:\n{procs.log('flwr-run')[-3000:]}"
                                  f"\n--- superlink:\n{procs.log('superlink')[-3000:]}")
         if p.poll() is not None and p.returncode != 0:
             raise AssertionError(f"flwr run failed:\n{procs.log('flwr-run')[-3000:]}")
         time.sleep(0.5)
-    time.sleep(0.2)
-    return json.loads(summary.read_text())
+    return result
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The file's JSON once it is completely written, else None."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def test_flwr_run_in_flowers_simulation_runtime(procs, tmp_path):
@@ -135,8 +156,8 @@ def test_flwr_run_in_flowers_simulation_runtime(procs, tmp_path):
     out = tmp_path / "out-sim"
     cfg = _fedgmr_config(tmp_path, clients=4, steps=6)
     app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": 6,
-                                       "reply-timeout": 60.0, "step-timeout": 20.0, "max-wall": 240.0,
-                                       "node-wait": 60.0})
+                                       "reply-timeout": scaled(60.0), "step-timeout": scaled(20.0),
+                                       "max-wall": scaled(240.0), "node-wait": scaled(60.0)})
     write_flower_config(procs.env["FLWR_HOME"], {"sim": {
         "address": f"127.0.0.1:{port}", "insecure": True,
         "options": {"num-supernodes": 4},
@@ -163,8 +184,8 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
     app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": steps,
                                        # a ClientApp process per message: five cold starts (torch,
                                        # data, model) share 2 cores, ~25 s on a busy machine
-                                       "reply-timeout": 90.0, "step-timeout": 8.0, "max-wall": 900.0,
-                                       "node-wait": 60.0})
+                                       "reply-timeout": scaled(90.0), "step-timeout": scaled(8.0),
+                                       "max-wall": scaled(900.0), "node-wait": scaled(60.0)})
     write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
     _superlink(procs, port, simulation=False)
     faults = {honest: "cycle", honest + 1: "hang"}
