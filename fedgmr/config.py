@@ -7,17 +7,66 @@ aggregation, restoration, coordination, network, run). Unknown keys and bad valu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from fedgmr.errors import ConfigError
 
 
+#: the most torch threads a run may ask for: far above any machine's core count, far below
+#: the ~100k at which torch's thread pool crashes the process (a fixed bound, so a config
+#: validates the same on every machine)
+MAX_TORCH_THREADS = 1024
+
+
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_bool(v) for v in value.values())
+    return False
+
+
+def _types(annotation: Any) -> set[Any]:
+    """Every type named in an annotation (``list[float] | None`` -> list, float, NoneType)."""
+    found = {get_origin(annotation) or annotation}
+    for arg in get_args(annotation):
+        if get_origin(annotation) is not Literal:
+            found |= _types(arg)
+    return found
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field holds numbers and no booleans: ``int``, ``float``, lists of them."""
+    types = _types(annotation)
+    return bool(types & {int, float}) and not types & {bool, Any}
+
+
+def _real(value: Any) -> bool:
+    """A finite int or float that is not a boolean (YAML's ``.nan``/``.inf`` are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Base of every config section: unknown keys, inf/NaN and booleans given for
+    numbers are refused (``true`` is not the integer 1)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _numeric(field.annotation) and _holds_bool(value):
+            raise ValueError("must be a number, not a boolean")
+        return value
 
 
 class DataConfig(_Section):
@@ -45,6 +94,19 @@ class ClientsConfig(_Section):
     num_clients: int = Field(10, ge=1)
     heterogeneity: Literal["high", "medium", "low", "none"] | list[float] = "high"
     concurrency: int | None = Field(None, ge=1)
+
+    @field_validator("heterogeneity", mode="before")
+    @classmethod
+    def _densities(cls, v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise ValueError("must list one initial density per client")
+            for i, d in enumerate(v):
+                if not _real(d) or not 0 < float(d) <= 1:
+                    raise ValueError(f"density #{i + 1} is {d!r}; each initial density must be a number in (0, 1]")
+        elif isinstance(v, str) and v not in ("high", "medium", "low", "none"):
+            raise ValueError("must be 'high', 'medium', 'low', 'none' or a list of densities in (0, 1]")
+        return v
 
 
 class TrainingConfig(_Section):
@@ -154,6 +216,13 @@ class AggregationConfig(_Section):
     bn_stats: how BatchNorm running statistics are aggregated: only full-density
         clients' (``full``), weighted by density (``density``), every client's
         (``all``), or re-estimated on the server's validation split (``server``).
+    max_samples: cap on the training-set size a reply claims where the server does not
+        know it (the simulator knows every client's; a Flower deployment defaults to the
+        largest partition the config makes).
+    max_update_norm: L2 bound on one client's update (its change from the model it was
+        sent, parameters on its mask plus float buffers); larger updates are clipped to it.
+    update_norm_multiple: adaptive bound: this multiple of the median norm of recent
+        accepted updates (a Flower deployment defaults to 3 when neither bound is set).
     """
 
     rule: str = "ma"
@@ -163,6 +232,9 @@ class AggregationConfig(_Section):
     max_staleness: int | None = Field(None, ge=0)
     fedasync_alpha: float = Field(0.9, gt=0, le=1)
     bn_stats: Literal["full", "density", "all", "server"] = "full"
+    max_samples: int | None = Field(None, ge=1)
+    max_update_norm: float | None = Field(None, gt=0)
+    update_norm_multiple: float | None = Field(None, gt=0)
 
 
 class RestorationConfig(_Section):
@@ -176,6 +248,15 @@ class RestorationConfig(_Section):
     per_client_patience: int | None = Field(None, ge=1)
     horizon: float | None = Field(None, gt=0)
     fractions: list[float] = Field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8, 1.0])
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, v: list[float]) -> list[float]:
+        # fixed_time fires one ladder step at each f x horizon: a fraction <= 0 fires at the
+        # start, one > 1 never fires, and an unordered or repeated list hides a typo
+        if not v or any(not 0 < f <= 1 for f in v) or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError("must be a non-empty, strictly increasing list of fractions of the horizon in (0, 1]")
+        return v
 
 
 class CoordinationConfig(_Section):
@@ -192,6 +273,16 @@ class ComputeConfig(_Section):
     kind: Literal["constant", "flops"] = "constant"
     seconds_per_round: float = Field(0.5, ge=0)
     speeds: list[float] | None = None
+
+    @field_validator("speeds")
+    @classmethod
+    def _speeds(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None:
+            bad = next((i for i, c in enumerate(v) if not c > 0), None)
+            if not v or bad is not None:
+                where = f"speed #{bad + 1} is {v[bad]!r}; " if bad is not None else ""
+                raise ValueError(f"{where}must list one finite speed > 0 per client")
+        return v
 
 
 class NetworkConfig(_Section):
@@ -220,13 +311,27 @@ class RunConfig(_Section):
     max_time: float | None = Field(None, gt=0)
     eval_interval: float | None = Field(None, gt=0)
     eval_every: int | None = Field(None, ge=1)
-    checkpoint_every: int | None = Field(None, ge=1)
+    #: checkpoint every that many server steps or ``checkpoint_seconds`` of wall time,
+    #: whichever comes first (both null: no checkpoints, the run cannot be resumed)
+    checkpoint_every: int | None = Field(100, ge=1)
+    checkpoint_seconds: float | None = Field(60.0, gt=0)
+    #: the run fails after that many client updates in a row were rejected;
+    #: null: 3 x the number of clients training at once
+    fail_after_rejections: int | None = Field(None, ge=1)
     executor: str = "serial"
     workers: int | None = Field(None, ge=1)
-    torch_threads: int | None = Field(1, ge=1)
+    torch_threads: int | None = Field(1, ge=1, le=MAX_TORCH_THREADS)
     #: Ray cluster to join (``"auto"`` or ``"HOST:PORT"``); None starts Ray locally
     ray_address: str | None = None
     t_star: float | None = Field(None, gt=0)
+
+    @field_validator("max_time", mode="before")
+    @classmethod
+    def _finite_end(cls, v: Any) -> Any:
+        if isinstance(v, float) and math.isinf(v):
+            raise ValueError("must be finite: a run needs an end (a finite run.max_time, or run.max_steps "
+                             "with run.max_time: null)")
+        return v
 
     @model_validator(mode="after")
     def _length(self) -> "RunConfig":
@@ -248,7 +353,7 @@ class ExperimentConfig(_Section):
 
     name: str = "experiment"
     method: str = "fedgmr"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
@@ -265,24 +370,78 @@ class ExperimentConfig(_Section):
         if self.restoration.per_client_patience is not None and self.data.client_val_fraction <= 0:
             raise ValueError("restoration.per_client_patience needs data.client_val_fraction > 0 "
                              "(clients score their local model on their own validation split)")
+        n = self.clients.num_clients
+        tiers = self.clients.heterogeneity
+        if isinstance(tiers, list) and len(tiers) != n:
+            raise ValueError(f"clients.heterogeneity lists {len(tiers)} densities for {n} clients "
+                             "(clients.num_clients); give one initial density per client")
+        speeds = self.network.compute.speeds
+        if speeds is not None and len(speeds) != n:
+            raise ValueError(f"network.compute.speeds lists {len(speeds)} speeds for {n} clients "
+                             "(clients.num_clients); give one speed per client")
         return self
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _key(loc: tuple[Any, ...]) -> str:
+    """A dotted config key from a pydantic error location: list positions as ``[i]``,
+    union-member tags (``list[float]``, ``literal[...]``, ``int``) dropped."""
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif "[" in part or part in ("int", "float", "str", "bool", "none", "function-after", "function-before"):
+            continue
+        else:
+            key += f".{part}" if key else part
+    return key.replace("\n", " ")
 
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    key = _key(first["loc"]) or "<root>"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'"
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "finite_number":
+        msg += " (inf and nan are not allowed here)"
+    if first["type"] == "model_type":
+        msg = "is a section: give a mapping of its keys"
     if not first["loc"]:
         return f"invalid config: {msg}"
-    return f"invalid value for '{key}': {msg} (got {first.get('input')!r})"
+    return f"invalid value for '{key}': {msg} (got {_short(first.get('input'))})"
+
+
+def _sections(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The fields of ``model`` that are themselves sections."""
+    return {name: f.annotation for name, f in model.model_fields.items()
+            if isinstance(f.annotation, type) and issubclass(f.annotation, _Section)}
+
+
+def check_sections(data: dict[str, Any], model: type[BaseModel] | None = None, prefix: str = "") -> None:
+    """Refuse a section given as something other than a mapping (``--set coordination=5``,
+    an empty ``coordination:`` in YAML), naming it, before method settings are merged."""
+    model = model or ExperimentConfig
+    for name, section in _sections(model).items():
+        if name not in data:
+            continue
+        key, value = prefix + name, data[name]
+        if not isinstance(value, dict):
+            raise ConfigError(f"invalid value for '{key}': '{key}' is a section: give a mapping of its keys "
+                              f"(e.g. --set {key}.KEY=VALUE) (got {_short(value)})")
+        check_sections(value, section, key + ".")
 
 
 def parse_config(data: dict[str, Any]) -> ExperimentConfig:
     """Validate a plain dict; raises :class:`ConfigError` naming the first bad key."""
     if not isinstance(data, dict):
         raise ConfigError("a config must be a mapping of keys to values")
+    check_sections(data)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
@@ -293,9 +452,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (or JSON) or TOML file into a dict."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config file {path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     try:
         if path.suffix == ".toml":
             import tomllib
@@ -304,8 +465,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             data = yaml.safe_load(text)
     except Exception as exc:  # noqa: BLE001 - any parser error becomes one line
-        raise ConfigError(f"cannot parse config file {path}: {str(exc).splitlines()[0]}") from None
-    return data or {}
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"cannot parse config file {path}: {first}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys at its top level, "
+                          f"not a {type(data).__name__} (got {_short(data)})")
+    return data
 
 
 def parse_value(text: str) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedgmr.config import ExperimentConfig, get_dotted, parse_config, set_dotted
+from fedgmr.config import ExperimentConfig, check_sections, get_dotted, parse_config, set_dotted
 from fedgmr.errors import ConfigError
 from fedgmr.registry import Registry
 
@@ -90,6 +90,9 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
     ``explicit`` holds keys the user set on the command line: contradicting a method's
     fixed setting there is an error rather than a silent override.
     """
+    if not isinstance(data, dict):
+        raise ConfigError("a config must be a mapping of keys to values")
+    check_sections(data)  # before a method's settings are merged into the sections
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     method = METHODS.get(str(data.get("method", "fedgmr")))
     for key, value in method.defaults.items():
@@ -100,6 +103,7 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
             raise ConfigError(f"'{key}' is fixed to {value!r} by method '{method.name}' (got {explicit[key]!r})")
         _set_copy(data, key, value)
     cfg = parse_config(data)
+    check_builder_options(cfg)
     if cfg.restoration.trigger == "fixed_time" and cfg.restoration.horizon is None:
         if cfg.run.max_time is None:
             raise ConfigError("restoration.horizon is required for the fixed_time trigger when run.max_time is unset")
@@ -107,15 +111,36 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
     return cfg
 
 
+def check_builder_options(cfg: ExperimentConfig) -> None:
+    """Refuse an unknown data set or model name, or an option its registered builder does
+    not take, before anything is loaded or built (values are checked by the builders)."""
+    from fedgmr.data import DATASETS
+    from fedgmr.models import MODELS
+    from fedgmr.options import check_option_names
+
+    for section, kind, registry, name, options, reserved in (
+            ("data", "dataset", DATASETS, cfg.data.name, cfg.data.options, ("root",)),
+            ("model", "model", MODELS, cfg.model.name, cfg.model.options, ("num_classes", "input_shape", "width"))):
+        if name not in registry:
+            raise ConfigError(f"invalid value for '{section}.name': unknown {kind} {name!r} "
+                              f"(known: {', '.join(registry.names())})")
+        check_option_names(section, kind, name, registry.get(name), options, reserved)
+
+
 def _set_copy(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node = data
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.get(part)
+        if child is not None and not isinstance(child, dict):
+            section = ".".join(parts[:i + 1])
+            raise ConfigError(f"invalid value for '{section}': '{section}' is a section: give a mapping of its keys "
+                              f"(got {child!r:.60})")
         child = dict(child) if isinstance(child, dict) else {}
         node[part] = child
         node = child
     node[parts[-1]] = value
 
 
-__all__ = ["METHODS", "Method", "resolve_config", "get_dotted", "set_dotted", "ExperimentConfig"]
+__all__ = ["METHODS", "Method", "resolve_config", "check_builder_options", "get_dotted", "set_dotted",
+           "ExperimentConfig"]

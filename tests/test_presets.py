@@ -76,7 +76,7 @@ def test_paper_presets_carry_the_paper_settings(name: str) -> None:
 def test_paper_preset_without_data_root_fails_with_one_line(name: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "fedgmr", "run", name, "--out", str(tmp_path / "run"), "-q"],
                           capture_output=True, text=True, env=ENV, timeout=120)
-    assert proc.returncode in (1, 2), proc.stderr
+    assert proc.returncode == 4, proc.stderr  # DatasetFormatError: data files missing
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     assert "data.root" in lines[0] and "expected" in lines[0] and LAYOUT_HINT[name] in lines[0]

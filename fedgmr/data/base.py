@@ -13,7 +13,46 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedgmr.errors import DatasetFormatError
+
 Task = Literal["classification", "next_token"]
+
+
+def check_labels(labels: object, num_classes: int | None, where: str, layout: str = "") -> np.ndarray:
+    """Class labels as int64, or :class:`DatasetFormatError` naming ``where`` (a file, a
+    user) and the first offending label: labels must be whole numbers (``3`` or ``3.0``,
+    never ``1.5``, NaN or ``true``) in ``0 .. num_classes - 1`` (``>= 0`` when None)."""
+    tail = f"; {layout}" if layout else ""
+    try:
+        raw = np.asarray(labels)
+    except (TypeError, ValueError) as exc:
+        raise DatasetFormatError(f"{where}: labels are not a flat list of class ids ({exc}){tail}") from None
+    if raw.size == 0:
+        return raw.astype(np.int64).reshape(0)
+    if raw.dtype.kind not in "iuf":
+        first = raw.flat[0] if raw.dtype.kind == "b" else next(
+            (v for v in raw.flat if isinstance(v, bool) or not isinstance(v, (int, float, np.number))), raw.flat[0])
+        raise DatasetFormatError(f"{where}: labels must be integer class ids, found {first!r}{tail}")
+    if raw.dtype.kind == "f":
+        bad = ~np.isfinite(raw) | (raw != np.round(raw))
+        if bad.any():
+            value = raw.flat[int(np.flatnonzero(bad.ravel())[0])]
+            raise DatasetFormatError(f"{where}: label {value!r} is not a whole class id{tail}")
+    high = f"0..{num_classes - 1}" if num_classes is not None else ">= 0"
+    out_of_range = (raw < 0) if num_classes is None else ((raw < 0) | (raw >= num_classes))
+    if out_of_range.any():
+        value = raw.flat[int(np.flatnonzero(out_of_range.ravel())[0])]
+        raise DatasetFormatError(f"{where}: labels outside the class ids {high} (found {value!r}){tail}")
+    return raw.astype(np.int64)
+
+
+def check_finite(values: np.ndarray, where: str, layout: str = "") -> None:
+    """:class:`DatasetFormatError` when float ``values`` hold NaN or infinity."""
+    if values.dtype.kind == "f" and values.size and not np.isfinite(values).all():
+        index = int(np.flatnonzero(~np.isfinite(values.ravel()))[0])
+        tail = f"; {layout}" if layout else ""
+        raise DatasetFormatError(f"{where}: value {values.ravel()[index]!r} at flat position {index} is not a finite "
+                                 f"number (NaN or infinity){tail}")
 
 
 @dataclass

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedgmr.data.base import ArrayDataset, FederatedData
+from fedgmr.data.base import ArrayDataset, FederatedData, check_labels
 from fedgmr.data.registry import DATASETS
 from fedgmr.errors import DatasetFormatError
+from fedgmr.options import bool_option, int_option
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -65,16 +66,21 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if data is None or labels is None:
         raise DatasetFormatError(f"cifar10: {path} lacks b'data' or b'labels'; {_LAYOUT}")
     try:
-        images = np.asarray(data, dtype=np.uint8)
-        y = np.asarray(labels, dtype=np.int64)
+        raw = np.asarray(data)
     except (TypeError, ValueError) as exc:
         raise DatasetFormatError(f"cifar10: {path} has non-numeric data ({exc}); {_LAYOUT}") from None
+    if raw.dtype.kind not in "iu" or (raw.size and (raw.min() < 0 or raw.max() > 255)):
+        # a float array (NaN included) or values past a byte would be cast silently
+        raise DatasetFormatError(f"cifar10: {path} has b'data' of type {raw.dtype}, expected uint8 pixel values "
+                                 f"0..255; {_LAYOUT}")
+    images = raw.astype(np.uint8)
+    y = check_labels(labels, 10, f"cifar10: {path}", _LAYOUT)
     if images.ndim != 2 or images.shape[1] != 3072 or y.ndim != 1 or len(images) != len(y):
         raise DatasetFormatError(
             f"cifar10: {path} has data of shape {images.shape} and {y.shape} labels; {_LAYOUT}"
         )
-    if len(y) and (y.min() < 0 or y.max() > 9):
-        raise DatasetFormatError(f"cifar10: {path} has labels outside 0..9; {_LAYOUT}")
+    if len(y) == 0:
+        raise DatasetFormatError(f"cifar10: {path} holds 0 images; {_LAYOUT}")
     return images.reshape(-1, 3, 32, 32), y
 
 
@@ -108,6 +114,10 @@ def load_cifar10(root: str | None = None, normalize: bool = True, download: bool
         installed).
     limit_train, limit_test: keep only the first samples of each split.
     """
+    normalize = bool_option("data.options.normalize", normalize)
+    download = bool_option("data.options.download", download)
+    limit_train = int_option("data.options.limit_train", limit_train, optional=True)
+    limit_test = int_option("data.options.limit_test", limit_test, optional=True)
     if root is None:
         raise DatasetFormatError(f"cifar10 needs data.root pointing to a directory; {_LAYOUT}")
     path = Path(root)

@@ -7,6 +7,7 @@ import torch
 
 from fedgmr.data.base import ArrayDataset, FederatedData
 from fedgmr.data.registry import DATASETS
+from fedgmr.options import float_option, int_option
 
 
 @DATASETS.register("digits")
@@ -18,6 +19,9 @@ def load_digits(root: str | None = None, test_fraction: float = 0.2, seed: int =
     stratified ``test_fraction`` of the samples chosen with ``seed``. ``image_size``
     resamples the images (bilinear), e.g. 28 to run MNIST-sized models such as Conv-2.
     """
+    test_fraction = float_option("data.options.test_fraction", test_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    seed = int_option("data.options.seed", seed, minimum=0)
+    image_size = int_option("data.options.image_size", image_size)
     from sklearn.datasets import load_digits as _load
 
     bunch = _load()

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedgmr.data.base import ArrayDataset, FederatedData
+from fedgmr.data.base import ArrayDataset, FederatedData, check_finite, check_labels
 from fedgmr.data.registry import DATASETS
 from fedgmr.errors import DatasetFormatError
+from fedgmr.options import int_option
 
 NUM_CLASSES = 62
 _LAYOUT = (
@@ -50,16 +51,20 @@ def _read_split(root: Path, split: str) -> UserData:
     for path in files:
         data = _read_json(path)
         try:
-            for user in data["users"]:
+            counts = data.get("num_samples")
+            if counts is not None and (not isinstance(counts, list) or len(counts) != len(data["users"])):
+                raise ValueError(f"'num_samples' must list one count per entry of 'users' ({len(data['users'])})")
+            for i, user in enumerate(data["users"]):
                 record = data["user_data"][str(user)]
                 x = np.asarray(record["x"], dtype=np.float32)
-                y = np.asarray(record["y"], dtype=np.int64)
+                y = check_labels(record["y"], NUM_CLASSES, f"user {user!r}")
                 if x.size == 0:
                     x = x.reshape(0, 784)
                 if x.ndim != 2 or x.shape[1] != 784 or y.ndim != 1 or len(x) != len(y):
                     raise ValueError(f"user {user!r} has x of shape {x.shape} and y of shape {y.shape}")
-                if len(y) and (y.min() < 0 or y.max() >= NUM_CLASSES):
-                    raise ValueError(f"user {user!r} has labels outside 0..{NUM_CLASSES - 1}")
+                check_finite(x, f"user {user!r} pixels")
+                if counts is not None and counts[i] != len(y):
+                    raise ValueError(f"user {user!r}: num_samples says {counts[i]!r} but it has {len(y)} samples")
                 uid = str(user)
                 if uid in users:  # a writer split over several files
                     px, py = users[uid]
@@ -95,6 +100,7 @@ def load_femnist(root: str | None = None, max_users: int | None = None) -> Feder
     root: directory holding ``train/*.json`` and ``test/*.json`` (LEAF's ``data/`` folder
         or its parent).
     max_users: keep only the first ``max_users`` writers (file order, then listing order).
+        Writers with no training sample are dropped first (they could not train).
         The test split keeps the same writers when they appear there (LEAF's by-sample split),
         else its first ``max_users`` writers.
 
@@ -103,21 +109,26 @@ def load_femnist(root: str | None = None, max_users: int | None = None) -> Feder
     FederatedData with images of shape (1, 28, 28), 62 classes and one natural client per
     writer of the training split.
     """
+    max_users = int_option("data.options.max_users", max_users, optional=True)
     if root is None:
         raise DatasetFormatError(f"femnist needs data.root pointing to a directory; {_LAYOUT}")
     path = Path(root)
     if not path.is_dir():
         raise DatasetFormatError(f"femnist: {path} is not a directory; {_LAYOUT}")
     train_users, test_users = _read_split(path, "train"), _read_split(path, "test")
-    keep = list(train_users)
+    # a writer with no training sample cannot train: dropped, so no natural client is empty
+    keep = [u for u, (_, y) in train_users.items() if len(y)]
+    if not keep:
+        raise DatasetFormatError(f"femnist: every writer under {_split_dir(path, 'train')} has 0 samples; {_LAYOUT}")
     if max_users is not None:
-        if max_users < 1:
-            raise DatasetFormatError(f"femnist: max_users must be >= 1, got {max_users}")
         keep = keep[:max_users]
     keep_test = [u for u in keep if u in test_users]
     if not keep_test:
         keep_test = list(test_users)[:max_users] if max_users is not None else list(test_users)
     train, natural = _stack(train_users, keep)
     test, _ = _stack(test_users, keep_test)
+    if len(test) == 0:
+        raise DatasetFormatError(f"femnist: the test writers under {_split_dir(path, 'test')} have 0 samples; "
+                                 f"{_LAYOUT}")
     return FederatedData(name="femnist", train=train, test=test, num_classes=NUM_CLASSES,
                          natural_clients=natural, meta={"users": keep})

@@ -11,6 +11,7 @@ import torch
 from fedgmr.data.base import ArrayDataset, FederatedData
 from fedgmr.data.registry import DATASETS
 from fedgmr.errors import DatasetFormatError
+from fedgmr.options import bool_option, int_option, str_option
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -116,13 +117,17 @@ def load_imagenet100(root: str | None = None, image_size: int = 64, classes_file
     normalize: standardise channels with the ImageNet mean and std.
     num_workers: decoding threads.
     """
+    image_size = int_option("data.options.image_size", image_size)
+    classes_file = str_option("data.options.classes_file", classes_file, optional=True)
+    num_classes = int_option("data.options.num_classes", num_classes)
+    max_per_class = int_option("data.options.max_per_class", max_per_class, optional=True)
+    normalize = bool_option("data.options.normalize", normalize)
+    num_workers = int_option("data.options.num_workers", num_workers)
     if root is None:
         raise DatasetFormatError(f"imagenet100 needs data.root pointing to a directory; {_LAYOUT}")
     path = Path(root)
     if not (path / "train").is_dir():
         raise DatasetFormatError(f"imagenet100: {path / 'train'} is not a directory; {_LAYOUT}")
-    if image_size < 1:
-        raise DatasetFormatError(f"imagenet100: image_size must be >= 1, got {image_size}")
     try:
         import PIL  # noqa: F401
     except ImportError:

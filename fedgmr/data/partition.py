@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedgmr.errors import ConfigError
+from fedgmr.errors import ConfigError, DatasetFormatError
 
 
 @dataclass
@@ -88,7 +88,13 @@ def make_partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.ra
         if len(natural) < num_clients:
             raise ConfigError(f"the data set has {len(natural)} natural clients, fewer than {num_clients}")
         for i, user in enumerate(natural):
-            groups[i % num_clients].append(np.asarray(user, dtype=np.int64))
+            user = np.asarray(user, dtype=np.int64)
+            if user.size == 0 or user.min() < 0 or user.max() >= len(labels):
+                # the built-in loaders drop users without training samples; a custom loader must too
+                what = "has no sample" if user.size == 0 else f"indexes outside the {len(labels)} training samples"
+                raise DatasetFormatError(f"natural client #{i} of the data set {what}; every natural client must "
+                                         "list at least one training-sample index")
+            groups[i % num_clients].append(user)
         pooled = [np.concatenate(g) for g in groups]
         server_val_parts, clients = [], []
         for shard in pooled:

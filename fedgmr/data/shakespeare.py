@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import torch
 from fedgmr.data.base import ArrayDataset, FederatedData
 from fedgmr.data.registry import DATASETS
 from fedgmr.errors import DatasetFormatError
+from fedgmr.options import float_option, int_option
 
 PAD, UNK = 0, 1
 CHARS = "".join(chr(c) for c in range(32, 127))  # printable ASCII, space first
@@ -205,7 +207,7 @@ def _read_text(path: Path) -> str:
                 raw = fh.read()
         else:
             raw = path.read_bytes()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # a corrupt or truncated gzip stream included
         raise DatasetFormatError(f"shakespeare: cannot read {path} ({exc}); {_LAYOUT}") from None
     return raw.decode("utf-8", errors="replace")
 
@@ -262,7 +264,9 @@ def load_shakespeare(root: str | None = None, seq_len: int = 80, stride: int | N
     stride: characters between window starts (default ``seq_len``: no overlap; LEAF's
         one-window-per-character corresponds to ``stride=1``).
     test_fraction: the last part of each role's text that goes to the test split.
-    min_chars_per_client: drop roles with fewer characters of speech.
+    min_chars_per_client: drop roles with fewer characters of speech. Roles left with no
+        training window (fewer than 2 characters in their training part) are dropped too, so
+        no natural client is empty.
     max_clients: keep the roles with the most speech (ties in file order), in file order.
     max_samples_per_client: keep each role's first training windows (test windows are
         capped in proportion).
@@ -272,16 +276,20 @@ def load_shakespeare(root: str | None = None, seq_len: int = 80, stride: int | N
     FederatedData with ``x``/``y`` of shape (N, seq_len), ``num_classes`` = 97 (pad, unk and
     95 printable ASCII characters), ``pad_index`` 0 and one natural client per kept role.
     """
+    seq_len = int_option("data.options.seq_len", seq_len)
+    stride = int_option("data.options.stride", stride, optional=True)
+    test_fraction = float_option("data.options.test_fraction", test_fraction, 0.0, 1.0, low_open=True,
+                                 high_open=True)
+    min_chars_per_client = int_option("data.options.min_chars_per_client", min_chars_per_client, minimum=0)
+    max_clients = int_option("data.options.max_clients", max_clients, optional=True)
+    max_samples_per_client = int_option("data.options.max_samples_per_client", max_samples_per_client, optional=True)
     if root is None:
         raise DatasetFormatError(f"shakespeare needs data.root pointing to a directory; {_LAYOUT}")
-    if seq_len < 1:
-        raise DatasetFormatError(f"shakespeare: seq_len must be >= 1, got {seq_len}")
     stride = seq_len if stride is None else stride
-    if stride < 1:
-        raise DatasetFormatError(f"shakespeare: stride must be >= 1, got {stride}")
-    if not 0.0 <= test_fraction < 1.0:
-        raise DatasetFormatError(f"shakespeare: test_fraction must be in [0, 1), got {test_fraction}")
-    roles = [r for r in read_roles(root) if len(r.text) >= max(min_chars_per_client, 2)]
+    def train_chars(role: Role) -> int:
+        return len(role.text) - int(round(len(role.text) * test_fraction))
+
+    roles = [r for r in read_roles(root) if len(r.text) >= min_chars_per_client and train_chars(r) >= 2]
     if max_clients is not None and max_clients < len(roles):
         order = sorted(range(len(roles)), key=lambda i: -len(roles[i].text))
         keep = set(order[:max_clients])
@@ -310,6 +318,9 @@ def load_shakespeare(root: str | None = None, seq_len: int = 80, stride: int | N
 
     train = ArrayDataset(cat(xs), cat(ys))
     test = ArrayDataset(cat(txs), cat(tys))
+    if len(test) == 0:
+        raise DatasetFormatError(f"shakespeare: the {len(roles)} kept roles under {root} leave 0 test windows "
+                                 f"(each role's last {test_fraction:g} of text is too short); {_LAYOUT}")
     meta = {"clients": [(r.play, r.name) for r in roles], "chars": CHARS,
             "num_characters": int(sum(len(r.text) for r in roles))}
     return FederatedData(name="shakespeare", train=train, test=test, num_classes=VOCAB_SIZE,

@@ -26,6 +26,7 @@ import torch
 from fedgmr.data.base import ArrayDataset, FederatedData
 from fedgmr.data.registry import DATASETS
 from fedgmr.errors import DatasetFormatError
+from fedgmr.options import int_option, str_option
 
 PAD, OOV, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<oov>", "<bos>", "<eos>")
@@ -266,10 +267,17 @@ def load_stackoverflow(root: str | None = None, vocab_size: int = 10_000, seq_le
         used instead of counting words in the kept training users.
     train_split, test_split: ``split_name`` values in the sqlite file ('heldout' also exists).
     """
+    vocab_size = int_option("data.options.vocab_size", vocab_size)
+    seq_len = int_option("data.options.seq_len", seq_len, minimum=2)
+    max_samples_per_user = int_option("data.options.max_samples_per_user", max_samples_per_user)
+    max_users = int_option("data.options.max_users", max_users, optional=True)
+    max_test_users = int_option("data.options.max_test_users", max_test_users, optional=True)
+    seed = int_option("data.options.seed", seed, minimum=0)
+    vocab_file = str_option("data.options.vocab_file", vocab_file, optional=True)
+    train_split = str_option("data.options.train_split", train_split)
+    test_split = str_option("data.options.test_split", test_split)
     if root is None:
         raise DatasetFormatError(f"stackoverflow needs data.root; {_LAYOUT}")
-    if seq_len < 2:
-        raise DatasetFormatError(f"stackoverflow: seq_len must be >= 2, got {seq_len}")
     rng = np.random.default_rng(seed)
     kind, where = _locate(Path(root))
     if kind == "json":
@@ -279,9 +287,12 @@ def load_stackoverflow(root: str | None = None, vocab_size: int = 10_000, seq_le
     else:
         train_users = _sqlite_split(where, train_split, max_users, max_samples_per_user, rng)  # type: ignore[arg-type]
         test_users = _sqlite_split(where, test_split, max_test_users, max_samples_per_user, rng)  # type: ignore[arg-type]
+    # a user without examples cannot train: dropped, so no natural client is empty
     train_users = {u: ex for u, ex in train_users.items() if ex}
     if not train_users:
         raise DatasetFormatError(f"stackoverflow: no training examples under {root}; {_LAYOUT}")
+    if not any(test_users.values()):
+        raise DatasetFormatError(f"stackoverflow: no test examples under {root}; {_LAYOUT}")
     if vocab_file is not None:
         vocab = _read_vocab_file(Path(vocab_file), vocab_size)
     else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from fedgmr.models.registry import MODELS, scaled
+from fedgmr.models.registry import MODELS, scaled, shape_mismatch
+from fedgmr.options import int_option
 
 
 class CharLSTM(nn.Module):
@@ -26,6 +27,9 @@ class CharLSTM(nn.Module):
 def build_char_lstm(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0,
                     embed_dim: int = 8, hidden: int = 256, layers: int = 2) -> nn.Module:
     """LEAF's Shakespeare LSTM; ``width`` scales the LSTM hidden size (embedding stays 8)."""
+    embed_dim = int_option("model.options.embed_dim", embed_dim)
+    hidden = int_option("model.options.hidden", hidden)
+    layers = int_option("model.options.layers", layers)
     if len(input_shape) != 1:
-        raise ValueError(f"char_lstm expects input_shape (seq_len,), got {input_shape}")
+        raise shape_mismatch("char_lstm", "token-sequence (seq_len,)", input_shape)
     return CharLSTM(num_classes, embed_dim, scaled(hidden, width), layers)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from fedgmr.models.registry import MODELS, scaled
+from fedgmr.models.registry import MODELS, scaled, shape_mismatch
+from fedgmr.options import bool_option
 
 
 class BasicBlock(nn.Module):
@@ -65,8 +66,9 @@ def build_resnet18(num_classes: int, input_shape: tuple[int, ...], width: float 
 
     ``small_input`` selects the CIFAR-style stem; by default it is used when H <= 64.
     """
+    small_input = bool_option("model.options.small_input", small_input, optional=True)
     if len(input_shape) != 3:
-        raise ValueError(f"resnet18 expects an image input shape (C, H, W), got {input_shape}")
+        raise shape_mismatch("resnet18", "image (C, H, W)", input_shape)
     if small_input is None:
         small_input = input_shape[1] <= 64
     channels = tuple(scaled(c, width) for c in (64, 128, 256, 512))

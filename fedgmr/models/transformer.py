@@ -13,7 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fedgmr.models.registry import MODELS, scaled
+from fedgmr.errors import ConfigError
+from fedgmr.models.registry import MODELS, scaled, shape_mismatch
+from fedgmr.options import float_option, int_option
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,8 +97,17 @@ def build_transformer_lm(num_classes: int, input_shape: tuple[int, ...], width: 
     head dimension to ``ceil(width * embed_dim / heads)`` and the FFN to
     ``ceil(width * hidden)``. ``max_len`` (default ``seq_len``) sizes the position table.
     """
+    embed_dim = int_option("model.options.embed_dim", embed_dim)
+    hidden = int_option("model.options.hidden", hidden)
+    heads = int_option("model.options.heads", heads)
+    layers = int_option("model.options.layers", layers)
+    max_len = int_option("model.options.max_len", max_len, optional=True)
+    dropout = float_option("model.options.dropout", dropout, 0.0, 1.0, high_open=True)
     if len(input_shape) != 1:
-        raise ValueError(f"transformer_lm expects input_shape (seq_len,), got {input_shape}")
+        raise shape_mismatch("transformer_lm", "token-sequence (seq_len,)", input_shape)
+    if max_len is not None and max_len < int(input_shape[0]):
+        raise ConfigError(f"invalid value for 'model.options.max_len': shorter than the data's sequences of "
+                          f"{int(input_shape[0])} tokens (got {max_len})")
     ffn = scaled(hidden, width)  # also validates width
     head_dim = max(1, math.ceil(width * embed_dim / heads - 1e-9))
     length = max_len if max_len is not None else int(input_shape[0])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from fedgmr.models.registry import MODELS, scaled
+from fedgmr.models.registry import MODELS, scaled, shape_mismatch
+from fedgmr.options import ints_option
 
 VGG11_CFG: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
@@ -47,8 +48,9 @@ class VGG(nn.Module):
 def build_vgg11(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0,
                 hidden: tuple[int, ...] = (512, 512)) -> nn.Module:
     """VGG-11, no BatchNorm, classifier 512-512-classes; ``width`` scales every hidden layer."""
+    hidden = ints_option("model.options.hidden", hidden)
     if len(input_shape) != 3:
-        raise ValueError(f"vgg11 expects an image input shape (C, H, W), got {input_shape}")
+        raise shape_mismatch("vgg11", "image (C, H, W)", input_shape)
     cfg = tuple(c if c == "M" else scaled(int(c), width) for c in VGG11_CFG)
     return VGG(input_shape[0], min(input_shape[1], input_shape[2]), num_classes, cfg,
                tuple(scaled(h, width) for h in hidden))

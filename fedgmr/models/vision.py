@@ -7,7 +7,8 @@ import math
 import torch
 import torch.nn as nn
 
-from fedgmr.models.registry import MODELS, scaled
+from fedgmr.models.registry import MODELS, scaled, shape_mismatch
+from fedgmr.options import bool_option, int_option, ints_option
 
 
 class MLP(nn.Module):
@@ -69,9 +70,9 @@ class Conv2(nn.Module):
         return self.classifier(self.features(x))
 
 
-def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int]:
+def _image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int]:
     if len(input_shape) != 3:
-        raise ValueError(f"expected an image input shape (C, H, W), got {input_shape}")
+        raise shape_mismatch(model, "image (C, H, W)", input_shape)
     return input_shape[0], input_shape[1]
 
 
@@ -79,6 +80,7 @@ def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int]:
 def build_mlp(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0,
               hidden: tuple[int, ...] = (64, 64)) -> nn.Module:
     """Multi-layer perceptron on flattened inputs."""
+    hidden = ints_option("model.options.hidden", hidden)
     return MLP(math.prod(input_shape), num_classes, tuple(scaled(h, width) for h in hidden))
 
 
@@ -86,7 +88,9 @@ def build_mlp(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0
 def build_cnn(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0,
               channels: tuple[int, int] = (16, 32), batch_norm: bool = True) -> nn.Module:
     """Small CNN: two conv blocks (BatchNorm by default) and a linear classifier."""
-    cin, _ = _image_shape(input_shape)
+    channels = ints_option("model.options.channels", channels, length=2)
+    batch_norm = bool_option("model.options.batch_norm", batch_norm)
+    cin, _ = _image_shape(input_shape, "cnn")
     return SmallCNN(cin, num_classes, (scaled(channels[0], width), scaled(channels[1], width)), batch_norm)
 
 
@@ -94,6 +98,10 @@ def build_cnn(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0
 def build_conv2(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0,
                 channels: tuple[int, int] = (32, 64), hidden: int = 2048) -> nn.Module:
     """The paper's Conv-2 (FEMNIST model)."""
-    cin, size = _image_shape(input_shape)
+    channels = ints_option("model.options.channels", channels, length=2)
+    hidden = int_option("model.options.hidden", hidden)
+    cin, size = _image_shape(input_shape, "conv2")
+    if size < 4:
+        raise shape_mismatch("conv2", "image (C, H, W) with H, W >= 4", input_shape)
     return Conv2(cin, size, num_classes, (scaled(channels[0], width), scaled(channels[1], width)),
                  scaled(hidden, width))
