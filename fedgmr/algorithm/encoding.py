@@ -55,8 +55,11 @@ VERSION = 2
 _HEADER = struct.Struct("<4sBBII")  # magic, format version, flags, N, k
 HEADER_BYTES = _HEADER.size
 _HAS_MASK = 0x01
-#: largest model a payload may describe when the caller does not say what to expect
-MAX_NUMEL = 1 << 30
+#: largest model a payload or mask code may describe when the caller does not say what to
+#: expect (``expected_numel`` / ``numel`` / ``mask``). Small on purpose: decoding allocates
+#: a bool per coordinate, so a bound taken from the header alone would let a few crafted
+#: bytes claim gigabytes. Receivers always pass the size of their own model.
+MAX_NUMEL = 1 << 20
 
 # ---------------------------------------------------------------------- mask code
 _MASK_HEADER = struct.Struct("<BII")  # tag (0xA0 | kind), N, k
@@ -340,7 +343,9 @@ def decode_sparse(data: bytes, expected_numel: int | None = None, max_bytes: int
     A values-only payload needs ``mask``, the mask the receiver assigned: the payload must
     hold exactly ``mask.sum()`` values, and ``mask`` itself is returned (not a copy).
     Raises :class:`InvalidUpdateError` on anything malformed (bad header, wrong size,
-    unexpected length, oversized, a missing mask)."""
+    unexpected length, oversized, a missing mask). Without ``expected_numel`` or ``mask``
+    the payload may describe at most :data:`MAX_NUMEL` coordinates: every check that
+    bounds what decoding allocates runs before anything is allocated."""
     if max_bytes is not None and len(data) > max_bytes:
         raise InvalidUpdateError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
     n, k, has_mask = sparse_header(data)

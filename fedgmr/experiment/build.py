@@ -228,12 +228,16 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
             space, params, buffers, policy, ladder, rule,
             make_staleness(agg.staleness.kind, agg.staleness.a, agg.staleness.b), agg.weighting, agg.buffer,
             agg.max_staleness, agg.fedasync_alpha, _trigger(cfg), cfg.restoration.per_client_patience,
-            cfg.restoration.min_delta, bn_rule="all" if agg.bn_stats == "server" else agg.bn_stats, **extra,
+            cfg.restoration.min_delta, bn_rule="all" if agg.bn_stats == "server" else agg.bn_stats,
+            # bounds on one client's influence: the server knows each client's training-set size and
+            # the local work it asks for (docs/distributed.md); the norm bounds are off unless set
+            client_samples=[len(idx) for idx in partition.clients], max_samples=agg.max_samples,
+            max_processed=cfg.training.local_steps * cfg.training.batch_size,
+            max_update_norm=agg.max_update_norm, norm_multiple=agg.update_norm_multiple, **extra,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
-    executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)
 
     eval_model = factory()
     val_x, val_y = x[partition.server_val], y[partition.server_val]
@@ -264,7 +268,12 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
                          cfg.coordination.deadline_slack, cfg.clients.concurrency, cfg.coordination.server_time,
                          net.ims)
     check = cfg.restoration.check_interval
-    sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
-                    cfg.run.eval_every, check, byte_scale(cfg, space), wants_client_validation(cfg), on_record,
-                    cfg.run.eval_interval)
+    executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)  # last: nothing below can leak its workers
+    try:
+        sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
+                        cfg.run.eval_every, check, byte_scale(cfg, space), wants_client_validation(cfg), on_record,
+                        cfg.run.eval_interval)
+    except BaseException:
+        executor.close()
+        raise
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
+from fedgmr.algorithm.params import get_buffers
 from fedgmr.config import ExperimentConfig
 from fedgmr.flower.payload import decode_instruction, encode_reply
 from fedgmr.sim.executor import ClientWorkload, TrainJob
@@ -76,7 +77,8 @@ def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node
     partition = int(part) if part is not None else int(node_id) % n
     if not 0 <= partition < n:
         raise ValueError(f"partition-id {partition} is outside the {n} partitions of the config")
-    ins = decode_instruction(fields, workload.settings)
+    # decoded against this node's own model: its size bounds what a message may make us allocate
+    ins = decode_instruction(fields, workload.settings, workload.space.numel, get_buffers(workload.model))
     full = bool(ins.mask.all())
     job = TrainJob(partition, ins.version, ins.seed, ins.start, ins.buffers, None if full else ins.mask,
                    ins.kind, ins.validate)

@@ -11,8 +11,9 @@ Robustness: every instruction carries a TTL and a reply deadline; a client that 
 (an error reply) or never answers is dropped from the current step and re-dispatched
 after the next aggregation, and a step waits at most ``step_timeout`` seconds for ``K``
 replies before aggregating the ones it has. Malformed replies are rejected and logged
-(here for undecodable payloads and identity mismatches, by the strategy for the rest)
-and never reach the global model.
+(here for undecodable fields and identity mismatches, by the strategy for the rest),
+counted in ``rejected`` and never reach the global model: nothing a client sends can
+raise out of :meth:`BufferedServerLoop.handle`.
 
 Replies carry values only: each in-flight instruction remembers the mask it assigned, and
 the reply is decoded against it (a value count other than the mask's is rejected).
@@ -94,6 +95,8 @@ class LoopStats:
     bytes_down: int = 0
     bytes_up: int = 0
     replies: int = 0
+    #: clients that never replied in the whole run and were still awaited at its end
+    unanswered: int = 0
     log: list[str] = field(default_factory=list)
 
 
@@ -130,6 +133,7 @@ class BufferedServerLoop:
         self.on_record = on_record or (lambda rec: None)
         self.clock = clock
         self.in_flight: dict[str, _Flight] = {}
+        self._replied: set[int] = set()  # slots that have replied at least once
         self.waiting: set[int] = set()  # heard from (or given up on) since the last step
         self.queue: list[Any] = []
         self.dispatches = [0] * strategy.num_clients
@@ -178,6 +182,7 @@ class BufferedServerLoop:
                         arrived.instruction_id, arrived.node_id)
             return False
         slot = flight.slot
+        self._replied.add(slot)
         self.waiting.add(slot)
         self.stats.replies += 1
         self.stats.bytes_up += arrived.nbytes
@@ -187,19 +192,28 @@ class BufferedServerLoop:
                         arrived.error)
             return False
         if arrived.node_id != self.node_of_slot[slot]:
-            self._reject(slot, f"reply came from node {arrived.node_id}, not node {self.node_of_slot[slot]}")
+            self._reject(slot, f"reply came from node {arrived.node_id!r}, not node {self.node_of_slot[slot]}")
             return False
         try:
-            reply = decode_reply(arrived.fields, self.strategy.space.numel, self.strategy.rule.consumes,
-                                 self.strategy.buffers, assigned=flight.mask)
+            return self._accept(slot, flight, arrived.fields)
         except InvalidUpdateError as exc:
             self._reject(slot, str(exc))
             return False
+        except Exception as exc:  # noqa: BLE001 - last resort: nothing a client sends may stop the server
+            # every malformed field is meant to raise InvalidUpdateError in decode_reply or
+            # the strategy; reaching this line is a decoder bug, so keep the traceback
+            log.debug("unexpected error while handling a reply from client %d", slot, exc_info=True)
+            self._reject(slot, f"unhandled {type(exc).__name__} while decoding: {exc}"[:300])
+            return False
+
+    def _accept(self, slot: int, flight: _Flight, fields: Any) -> bool:
+        """Decode ``fields`` (InvalidUpdateError when malformed) and offer them to the strategy."""
+        reply = decode_reply(fields, self.strategy.space.numel, self.strategy.rule.consumes,
+                             self.strategy.buffers, assigned=flight.mask)
         if reply.client_id != slot:
             known = 0 <= reply.client_id < self.strategy.num_clients
-            self._reject(slot, f"claims to be client {reply.client_id}" if known
-                         else f"unknown client id {reply.client_id!r}")
-            return False
+            raise InvalidUpdateError(f"claims to be client {reply.client_id}" if known
+                                     else f"unknown client id {reply.client_id!r}")
         accepted = self.strategy.receive(reply)  # the strategy logs (and we collect) its rejections
         if accepted and reply.val_score is not None:
             self.strategy.on_client_validation(slot, reply.val_score)
@@ -253,7 +267,9 @@ class BufferedServerLoop:
             "avg_density": mean_density(dens), "densities": dens, "val_accuracy": val_score,
             "restored": list(moved), "restorations": self.strategy.ladder.restorations,
             "staleness_mean": self._last_stats["staleness_mean"], "used": self._last_stats["used"],
-            "rejected": self.strategy.rejected, "timeouts": self.stats.timeouts, "errors": self.stats.errors,
+            "rejected": self.strategy.rejected, "clipped": self.strategy.bounds.clipped,
+            "capped": self.strategy.bounds.capped, "update_norm_median": self.strategy.median_update_norm,
+            "timeouts": self.stats.timeouts, "errors": self.stats.errors,
             "bytes_up": self.stats.bytes_up, "bytes_down": self.stats.bytes_down,
         }
         self._last_eval = self.strategy.version
@@ -305,7 +321,47 @@ class BufferedServerLoop:
                 time.sleep(s.poll_interval)
         if self._last_eval != self.strategy.version:
             self._evaluate()
+        now = self.clock()
+        for f in self.in_flight.values():
+            if f.slot not in self._replied:  # in flight since the start: a silent node
+                self.stats.unanswered += 1
+                log.warning("client %d (node %d) never replied: its instruction was %.0f s in flight when the run "
+                            "ended", f.slot, self.node_of_slot[f.slot], now - f.sent)
         return self.records
+
+
+#: the wire's default update-norm bound: this multiple of the median accepted update norm
+DEFAULT_NORM_MULTIPLE = 3.0
+
+
+def bound_influence(strategy: MaskedBufferedStrategy, partition_sizes: list[int],
+                    run_config: Mapping[str, Any]) -> None:
+    """Set the bounds on one client's influence for a deployment, where replies come
+    from devices the server does not control.
+
+    * samples: the server cannot tell which partition a node holds, so a claimed
+      ``num_samples`` is capped at ``max-samples`` (default: the config's
+      ``aggregation.max_samples``, else the largest partition the config makes);
+    * update norm: ``max-update-norm`` (default ``aggregation.max_update_norm``) and
+      ``update-norm-multiple`` (default ``aggregation.update_norm_multiple``; when neither
+      bound is set, :data:`DEFAULT_NORM_MULTIPLE`). A value of 0 turns that bound off."""
+    strategy.client_samples = None
+    cap = _run_number(run_config, "max-samples", None)
+    strategy.max_samples = int(cap) if cap else (strategy.max_samples or max(partition_sizes))
+    fixed = _run_number(run_config, "max-update-norm", strategy.max_update_norm)
+    multiple = _run_number(run_config, "update-norm-multiple", strategy.norm_multiple)
+    if fixed is None and multiple is None:
+        multiple = DEFAULT_NORM_MULTIPLE
+    strategy.max_update_norm = fixed or None
+    strategy.norm_multiple = multiple or None
+    log.info("bounds: samples capped at %d, update norm %s", strategy.max_samples,
+             " and ".join(([f"<= {fixed:g}"] if fixed else []) + ([f"<= {multiple:g} x median"] if multiple else []))
+             or "unbounded")
+
+
+def _run_number(run_config: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    v = run_config.get(key)
+    return default if v is None or v == "" else float(v)
 
 
 class _Collect(logging.Handler):
@@ -327,7 +383,9 @@ def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int) -> dict
     return {
         "nodes": nodes, "steps": last["step"], "final_accuracy": last["accuracy"],
         "best_accuracy": max(r["accuracy"] for r in records), "final_avg_density": last["avg_density"],
-        "restorations": last["restorations"], "rejected_updates": last["rejected"], "timeouts": stats.timeouts,
+        "restorations": last["restorations"], "rejected_updates": last["rejected"],
+        "clipped_updates": last.get("clipped", 0), "capped_sample_counts": last.get("capped", 0),
+        "timeouts": stats.timeouts, "unanswered": stats.unanswered,
         "client_errors": stats.errors, "replies": stats.replies, "wall_time_s": round(last["wall_time"], 3),
         "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
         "final_loss": None if math.isnan(last["loss"]) else last["loss"],

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 import numpy as np
 import torch
@@ -42,6 +42,15 @@ _BUF = "buf."
 #: buffer dtypes accepted on the wire (BatchNorm statistics and counters)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "float16": torch.float16}
 _SETTINGS = ("lr", "momentum", "weight_decay", "batch_size", "local_steps", "loss")
+#: the fields of a reply besides its ``buf.*`` buffers (anything else is rejected)
+_REPLY_REQUIRED = ("client", "version", "num_samples", "loss", "payload")
+_REPLY_OPTIONAL = ("num_processed", "val_score")
+#: the fields of an instruction besides its ``train.*`` settings and ``buf.*`` buffers
+_INSTRUCTION_FIELDS = ("client", "version", "seed", "kind", "validate", "model")
+#: Flower's integers are signed 64-bit; nothing on the wire may exceed that
+_INT64 = 1 << 63
+#: largest local_steps / batch_size an instruction may ask of a client
+_MAX_LOCAL_WORK = 1_000_000
 
 
 # ---------------------------------------------------------------------- buffers
@@ -59,37 +68,48 @@ def encode_buffers(buffers: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return out
 
 
+def _buffer_names(fields: Mapping[str, Any]) -> set[str]:
+    """Buffer names mentioned by any ``buf.*`` key (``buf.x``, ``buf.x.dtype``, ``buf.x.shape``)."""
+    names = set()
+    for key in fields:
+        if isinstance(key, str) and key.startswith(_BUF):
+            rest = key[len(_BUF):]
+            names.add(rest[:-6] if rest.endswith((".dtype", ".shape")) else rest)
+    return names
+
+
 def decode_buffers(fields: Mapping[str, Any], expected: Mapping[str, torch.Tensor] | None = None,
                    max_bytes: int | None = None) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`encode_buffers`; with ``expected``, unknown names, wrong shapes
-    or dtypes raise :class:`InvalidUpdateError`."""
+    """Inverse of :func:`encode_buffers`. Every buffer needs all three of its fields with
+    the right types (bytes, a known dtype name, a list of non-negative ints or ``[-1]``)
+    and a byte count that matches them; with ``expected``, unknown names, wrong shapes or
+    dtypes are rejected too. Anything malformed raises :class:`InvalidUpdateError`
+    before the buffer is allocated."""
     out: dict[str, torch.Tensor] = {}
-    for key, raw in fields.items():
-        if not key.startswith(_BUF) or key.endswith((".dtype", ".shape")):
-            continue
-        name = key[len(_BUF):]
-        dtype_name = fields.get(f"{key}.dtype")
-        shape = fields.get(f"{key}.shape")
-        if not isinstance(raw, bytes) or dtype_name not in _DTYPES or not isinstance(shape, list):
-            raise InvalidUpdateError(f"buffer {name!r} is malformed")
-        if max_bytes is not None and len(raw) > max_bytes:
-            raise InvalidUpdateError(f"buffer {name!r} of {len(raw)} bytes exceeds the limit of {max_bytes}")
-        dims = [] if shape == [-1] else shape
-        if any(not isinstance(d, int) or d < 0 for d in dims):
-            raise InvalidUpdateError(f"buffer {name!r} has a bad shape {shape}")
-        dtype = _DTYPES[dtype_name]
-        np_dtype = np.dtype(str(dtype).removeprefix("torch.")).newbyteorder("<")
-        if len(raw) != math.prod(dims) * np_dtype.itemsize:
-            raise InvalidUpdateError(f"buffer {name!r}: {len(raw)} bytes for shape {dims}")
-        t = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).astype(np_dtype.newbyteorder("="))).reshape(dims)
+    for name in sorted(_buffer_names(fields)):
+        key = f"{_BUF}{name}"
+        raw, dtype_name, shape = fields.get(key), fields.get(f"{key}.dtype"), fields.get(f"{key}.shape")
+        if not isinstance(raw, bytes) or not isinstance(dtype_name, str) or dtype_name not in _DTYPES \
+                or not isinstance(shape, list):
+            raise InvalidUpdateError(f"buffer {name!r} is malformed (needs bytes, a dtype name and a shape list)")
+        ref = None
         if expected is not None:
             ref = expected.get(name)
             if ref is None:
                 raise InvalidUpdateError(f"unknown buffer {name!r}")
-            if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
-                raise InvalidUpdateError(f"buffer {name!r} is {t.dtype}{tuple(t.shape)}; "
-                                         f"expected {ref.dtype}{tuple(ref.shape)}")
-        out[name] = t.clone()
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise InvalidUpdateError(f"buffer {name!r} of {len(raw)} bytes exceeds the limit of {max_bytes}")
+        dims = [] if shape == [-1] else shape
+        if not shape or len(dims) > 8 or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+            raise InvalidUpdateError(f"buffer {name!r} has a bad shape {_show(shape)}")
+        dtype = _DTYPES[dtype_name]
+        if ref is not None and (tuple(dims) != tuple(ref.shape) or dtype != ref.dtype):
+            raise InvalidUpdateError(f"buffer {name!r} is {dtype}{_show(dims)}; expected {ref.dtype}{list(ref.shape)}")
+        np_dtype = np.dtype(str(dtype).removeprefix("torch.")).newbyteorder("<")
+        if len(raw) != math.prod(dims) * np_dtype.itemsize:
+            raise InvalidUpdateError(f"buffer {name!r}: {len(raw)} bytes for shape {_show(dims)}")
+        t = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).astype(np_dtype.newbyteorder("="))).reshape(dims)
+        out[name] = t
     return out
 
 
@@ -124,17 +144,47 @@ def encode_instruction(client: int, version: int, seed: int, kind: str, mask: to
     return fields
 
 
-def decode_instruction(fields: Mapping[str, Any], base: TrainSettings) -> TrainInstruction:
+def decode_instruction(fields: Mapping[str, Any], base: TrainSettings, numel: int,
+                       expected_buffers: Mapping[str, torch.Tensor] | None = None) -> TrainInstruction:
     """Parse a train message (client side). ``base`` supplies task-specific settings
-    (task, pad index) that the server does not send."""
-    mask, values = decode_sparse(_bytes(fields, "model"))
+    (task, pad index) that the server does not send; ``numel`` is the size of the
+    client's own model (required: it bounds what decoding may allocate), and
+    ``expected_buffers`` its buffers. Anything malformed - an unknown or missing field, a
+    wrong type, a payload for another model size, a bad setting - raises
+    :class:`InvalidUpdateError`."""
+    fields = _mapping(fields)
+    for key in fields:
+        if key in _INSTRUCTION_FIELDS or key.startswith(_BUF):
+            continue
+        if not (key.startswith("train.") and key[len("train."):] in _SETTINGS):
+            _bad(f"unexpected field {key!r}")
+    kind = fields.get("kind", "model")
+    if not isinstance(kind, str) or kind not in ("model", "delta"):
+        _bad(f"field 'kind' must be 'model' or 'delta', got {_show(kind)}")
+    validate = fields.get("validate", False)
+    if not isinstance(validate, bool):
+        _bad(f"field 'validate' must be a bool, got {_show(validate)}")
+    mask, values = decode_sparse(_bytes(fields, "model"), expected_numel=numel,
+                                 max_bytes=payload_nbytes(numel, mask_code_limit(numel)))
+    overrides = {n: _setting(fields, n) for n in _SETTINGS if f"train.{n}" in fields}
+    settings = TrainSettings(**{**base.__dict__, **overrides})
+    client, version = _int(fields, "client", 0), _int(fields, "version", 0)
+    seed = _int(fields, "seed", 0)
+    buffers = decode_buffers(fields, expected_buffers)
     start = torch.zeros(mask.numel(), dtype=torch.float32)
     start[mask] = values
-    overrides = {n: fields[f"train.{n}"] for n in _SETTINGS if f"train.{n}" in fields}
-    settings = TrainSettings(**{**base.__dict__, **overrides})
-    return TrainInstruction(_int(fields, "client"), _int(fields, "version"), _int(fields, "seed"),
-                            str(fields.get("kind", "model")), mask, start, decode_buffers(fields),
-                            settings, bool(fields.get("validate", False)))
+    return TrainInstruction(client, version, seed, kind, mask, start, buffers, settings, validate)
+
+
+def _setting(fields: Mapping[str, Any], name: str) -> Any:
+    v = fields[f"train.{name}"]
+    if name == "loss":
+        if not isinstance(v, str) or v not in ("ce", "bce"):
+            _bad(f"field 'train.loss' must be 'ce' or 'bce', got {_show(v)}")
+        return v
+    if name in ("batch_size", "local_steps"):
+        return _int(fields, f"train.{name}", 1, _MAX_LOCAL_WORK)
+    return _real(fields, f"train.{name}", 0.0)
 
 
 # ---------------------------------------------------------------------- replies
@@ -170,43 +220,101 @@ def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
                  expected_buffers: Mapping[str, torch.Tensor],
                  assigned: torch.Tensor | None = None) -> Reply:
     """Parse a reply (server side) into a :class:`Reply` for the strategy, which then
-    checks versions, the mask, shapes and finiteness.
+    checks versions, the mask, finiteness and the bounds on influence.
 
     ``assigned`` is the mask the server sent this client: a values-only payload must hold
     exactly its count of values (``Reply.mask`` is then None: the assignment). A payload
     carrying its own mask code gives ``Reply.mask`` (the strategy checks it lies inside the
-    assignment). Malformed payloads (bad header, wrong model size, oversized, a value
-    count other than the mask's, undecodable buffers, a bad ``num_processed``) raise
-    :class:`InvalidUpdateError`."""
+    assignment).
+
+    One rule for every field: anything malformed raises :class:`InvalidUpdateError` -
+    not a mapping, a missing or unknown field, a wrong type (bools are not numbers), an
+    integer outside its range, a non-finite ``loss``, a ``val_score`` outside [0, 1], a bad
+    payload (header, model size, length, oversized, value count, mask code), a buffer with
+    a bad dtype, shape or byte count. Nothing else escapes."""
+    fields = _mapping(fields)
+    names = set(expected_buffers)
+    for key in fields:
+        if key in _REPLY_REQUIRED or key in _REPLY_OPTIONAL:
+            continue
+        if key.startswith(_BUF):
+            rest = key[len(_BUF):]
+            base = rest[:-6] if rest.endswith((".dtype", ".shape")) else rest
+            if rest in names or base in names:
+                continue
+        _bad(f"unexpected field {key!r}")
+    for key in _REPLY_REQUIRED:
+        if key not in fields:
+            _bad(f"field {key!r} is missing")
+    client, version = _int(fields, "client", 0), _int(fields, "version", 0)
+    num_samples = _int(fields, "num_samples", 1)
+    processed = _int(fields, "num_processed", 1) if "num_processed" in fields else None
+    loss = _real(fields, "loss")
+    val = _real(fields, "val_score", 0.0, 1.0) if "val_score" in fields else None
     payload = _bytes(fields, "payload")
     mask, values = decode_sparse(payload, expected_numel=numel, max_bytes=reply_limit(numel, expected_buffers),
                                  mask=assigned)
     reported = None if mask is assigned else mask
     biggest = max((t.numel() * t.element_size() for t in expected_buffers.values()), default=0)
     buffers = decode_buffers(fields, expected_buffers, max_bytes=biggest)
-    val = fields.get("val_score")
-    processed = None
-    if "num_processed" in fields:
-        processed = _int(fields, "num_processed")
-        if processed <= 0:
-            raise InvalidUpdateError(f"num_processed must be a positive integer, got {processed}")
-    return Reply(_int(fields, "client"), _int(fields, "version"), values, _int(fields, "num_samples"), buffers,
-                 kind, reported, float(fields.get("loss", float("nan"))),
-                 None if val is None else float(val), num_processed=processed)
+    return Reply(client, version, values, num_samples, buffers, kind, reported, loss, val, num_processed=processed)
+
+
+def _bad(reason: str) -> NoReturn:
+    raise InvalidUpdateError(reason)
+
+
+def _show(v: Any) -> str:
+    """A short description of a rejected value (never the whole of a large one)."""
+    if isinstance(v, (bytes, str, list, tuple, dict)) and len(v) > 8:
+        return f"a {type(v).__name__} of length {len(v)}"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 1 << 64:
+        return f"an int of {v.bit_length()} bits"
+    try:
+        text = repr(v)
+    except Exception:  # noqa: BLE001 - an object whose repr fails
+        return f"a {type(v).__name__}"
+    return text if len(text) <= 40 else f"a {type(v).__name__} {text[:37]}..."
+
+
+def _mapping(fields: Any) -> Mapping[str, Any]:
+    if not isinstance(fields, Mapping):
+        _bad(f"the message is a {type(fields).__name__}, not a record of fields")
+    for key in fields:
+        if not isinstance(key, str):
+            _bad(f"field name {_show(key)} is not a string")
+    return fields
 
 
 def _bytes(fields: Mapping[str, Any], key: str) -> bytes:
     v = fields.get(key)
     if not isinstance(v, bytes):
-        raise InvalidUpdateError(f"field {key!r} is missing or not bytes")
+        _bad(f"field {key!r} is missing or not bytes")
     return v
 
 
-def _int(fields: Mapping[str, Any], key: str) -> int:
+def _int(fields: Mapping[str, Any], key: str, lo: int = -_INT64, hi: int = _INT64 - 1) -> int:
+    """An integer field in [lo, hi] (a bool is not an integer here)."""
     v = fields.get(key)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidUpdateError(f"field {key!r} is missing or not an integer")
+        _bad(f"field {key!r} is missing or not an integer: {_show(v)}")
+    if not lo <= v <= hi:
+        _bad(f"field {key!r} must lie in [{lo}, {hi}], got {_show(v)}")
     return v
+
+
+def _real(fields: Mapping[str, Any], key: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """A finite number in [lo, hi] (int or float; not a bool)."""
+    v = fields.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        _bad(f"field {key!r} is missing or not a number: {_show(v)}")
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond the float range
+        _bad(f"field {key!r} is out of range")
+    if not math.isfinite(f) or not lo <= f <= hi:
+        _bad(f"field {key!r} must be a finite number in [{lo}, {hi}], got {_show(v)}")
+    return f
 
 
 __all__ = ["RECORD", "TrainInstruction", "encode_instruction", "decode_instruction", "encode_reply",

@@ -8,7 +8,8 @@ and runs :class:`~fedgmr.flower.loop.BufferedServerLoop` over Flower's Grid. Wri
 Run config keys (``[tool.flwr.app.config]`` or ``flwr run -c``): ``config`` (FedGMR
 YAML/TOML path; default: the quickstart preset), ``seed``, ``num-server-steps``, ``k``,
 ``reply-timeout``, ``step-timeout``, ``max-wall``, ``min-nodes``, ``node-wait``,
-``out-dir``.
+``out-dir``, and the bounds on one client's influence (:func:`~fedgmr.flower.loop.bound_influence`):
+``max-samples``, ``max-update-norm``, ``update-norm-multiple`` (0 turns a bound off).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Mapping
 
 from fedgmr.flower.adapter import GridLink, flower_version, make_server_app
 from fedgmr.flower.client import load_run_config
-from fedgmr.flower.loop import BufferedServerLoop, LoopSettings, summary
+from fedgmr.flower.loop import BufferedServerLoop, LoopSettings, bound_influence, summary
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         cfg = load_run_config(run_config)
         exp = build_experiment(cfg)
         exp.executor.close()
+        bound_influence(exp.strategy, [len(idx) for idx in exp.partition.clients], run_config)
         n = cfg.clients.num_clients
         want = int(_num(run_config, "min-nodes", n) or n)
         nodes = link.wait_for_nodes(want, float(_num(run_config, "node-wait", 120.0) or 0.0))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -43,6 +45,22 @@ class _Entry:
 BN_RULES = ("full", "density", "all")
 #: what an update's weight beta counts besides its staleness factor
 WEIGHTINGS = ("samples", "processed", "equal")
+#: adaptive norm bound: accepted update norms remembered, and how many are needed before
+#: the median is trusted (until then an update may be at most as large as the model sent)
+NORM_WINDOW = 50
+NORM_MIN_HISTORY = 5
+
+
+@dataclass
+class BoundStats:
+    """How often the bounds on a client's influence acted (all counts since the start)."""
+
+    clipped: int = 0  # updates scaled down to the norm bound
+    capped: int = 0  # sample counts above what the server knows or allows
+
+
+def _is_variance(name: str) -> bool:
+    return name.endswith("running_var")
 
 
 class MaskedBufferedStrategy:
@@ -69,6 +87,22 @@ class MaskedBufferedStrategy:
         statistics describe the sub-model's activations, not the full model's.
     bn_stats: ``bn_stats(params) -> buffers`` re-estimates the statistics on the server
         after every aggregation (overrides ``bn_rule``; the baselines' static BN).
+
+    Bounds on one client's influence (all off by default; see docs/distributed.md):
+
+    client_samples: each client's training-set size as the server knows it; the
+        ``samples`` weight uses it and ignores the size a reply claims.
+    max_samples: where ``client_samples`` is not given, a claimed ``num_samples`` above
+        this is capped to it.
+    max_processed: the same cap on ``num_processed`` (local steps x batch size).
+    max_update_norm: L2 bound on an update - the change from the model the client was
+        dispatched on its mask (for a delta rule, the delta) together with the change of
+        its floating-point buffers. A larger update is *clipped* to the bound (scaled
+        down, direction kept), counted in ``bounds.clipped`` and logged.
+    norm_multiple: adaptive bound: ``norm_multiple`` x the median norm of the last
+        :data:`NORM_WINDOW` accepted updates (before :data:`NORM_MIN_HISTORY` updates
+        were accepted: the norm of what the client was sent). With ``max_update_norm``
+        too, the smaller bound applies.
     """
 
     def __init__(self, space: ParamSpace, params: torch.Tensor, buffers: dict[str, torch.Tensor],
@@ -77,7 +111,10 @@ class MaskedBufferedStrategy:
                  max_staleness: int | None = None, fedasync_alpha: float = 0.6,
                  trigger: RestorationTrigger | None = None, client_patience: int | None = None,
                  client_min_delta: float = 0.0, bn_rule: str = "full",
-                 bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
+                 bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
+                 client_samples: Sequence[int] | None = None, max_samples: int | None = None,
+                 max_processed: int | None = None, max_update_norm: float | None = None,
+                 norm_multiple: float | None = None) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
         if bn_rule not in BN_RULES:
@@ -114,6 +151,24 @@ class MaskedBufferedStrategy:
         self._last_used_masks: list[torch.Tensor] = []
         self._held: dict[int, torch.Tensor] = {}  # the mask each client last received
         self.rejected = 0
+        if client_samples is not None and len(client_samples) != self.num_clients:
+            raise ValueError(f"client_samples lists {len(client_samples)} sizes for {self.num_clients} clients")
+        for name, v in (("max_samples", max_samples), ("max_processed", max_processed)):
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        for name, f in (("max_update_norm", max_update_norm), ("norm_multiple", norm_multiple)):
+            if f is not None and not (math.isfinite(f) and f > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {f}")
+        self.client_samples = None if client_samples is None else [int(n) for n in client_samples]
+        self.max_samples = max_samples
+        self.max_processed = max_processed
+        self.max_update_norm = max_update_norm
+        self.norm_multiple = norm_multiple
+        self.bounds = BoundStats()
+        self._norms: deque[float] = deque(maxlen=NORM_WINDOW)  # accepted update norms (adaptive bound)
+        # the model and buffers each outstanding job was dispatched with (references:
+        # aggregation replaces them, never mutates them), for the update-norm bound
+        self._sent: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
         if bn_stats is not None:
             self.buffers = bn_stats(self.params)
 
@@ -132,7 +187,19 @@ class MaskedBufferedStrategy:
                        changed)
         self._outstanding[client_id] = a
         self._held[client_id] = mask
+        self._sent[client_id] = (self.params, self.buffers)
         return a
+
+    @property
+    def median_update_norm(self) -> float | None:
+        """Median norm of the recent accepted updates (None until one was measured: only
+        measured while a norm bound is on)."""
+        return statistics.median(self._norms) if self._norms else None
+
+    @property
+    def bounds_norm(self) -> bool:
+        """Whether updates are norm-bounded (fixed or adaptive)."""
+        return self.max_update_norm is not None or self.norm_multiple is not None
 
     def densities(self) -> list[float]:
         """Current density of every client (prunable coordinates of its mask)."""
@@ -152,6 +219,7 @@ class MaskedBufferedStrategy:
             log.warning("rejected update from client %s: %s", reply.client_id, exc)
             return False
         del self._outstanding[reply.client_id]
+        self._sent.pop(reply.client_id, None)
         (self._buffer if self.use_buffer else self._pending)[entry.client_id] = entry
         if entry.client_id not in self._arrivals:
             self._arrivals.append(entry.client_id)
@@ -163,6 +231,8 @@ class MaskedBufferedStrategy:
         a = self._outstanding.get(reply.client_id)
         if a is None:
             raise InvalidUpdateError("no job is outstanding for this client")
+        if isinstance(reply.version, bool) or not isinstance(reply.version, int):
+            raise InvalidUpdateError(f"model version {reply.version!r} is not an integer")
         if reply.version > self.version:
             raise InvalidUpdateError(f"model version {reply.version} is from the future (server at {self.version})")
         if reply.version != a.version:
@@ -171,8 +241,9 @@ class MaskedBufferedStrategy:
             raise InvalidUpdateError(f"expected a {a.consumes} update, got {reply.kind}")
         mask = a.mask
         if reply.mask is not None:
-            if reply.mask.dtype != torch.bool or reply.mask.shape != a.mask.shape:
-                raise InvalidUpdateError(f"mask of shape {tuple(reply.mask.shape)}; expected {tuple(a.mask.shape)}")
+            if not isinstance(reply.mask, torch.Tensor) or reply.mask.dtype != torch.bool \
+                    or reply.mask.shape != a.mask.shape:
+                raise InvalidUpdateError(f"a reported mask must be a bool tensor of shape {tuple(a.mask.shape)}")
             outside = reply.mask & ~a.mask
             if bool(outside.any()):
                 raise InvalidUpdateError(f"{int(outside.sum())} coordinates outside the client's mask")
@@ -182,8 +253,12 @@ class MaskedBufferedStrategy:
         if not isinstance(values, torch.Tensor) or values.ndim != 1 or values.numel() != kept:
             shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
             raise InvalidUpdateError(f"values of shape {shape}; expected ({kept},)")
+        if not values.is_floating_point():
+            raise InvalidUpdateError(f"values of dtype {values.dtype}; expected floating point")
+        # finiteness is checked on what the model will hold: float64 1e300 is inf in float32
+        values = values.detach().to(torch.float32)
         if not bool(torch.isfinite(values).all()):
-            raise InvalidUpdateError("values contain NaN or Inf")
+            raise InvalidUpdateError("values contain NaN or Inf (as float32)")
         for field_name in ("num_samples", "num_processed"):
             ns = getattr(reply, field_name)
             if ns is None and field_name == "num_processed":
@@ -192,17 +267,87 @@ class MaskedBufferedStrategy:
                     or ns != int(ns):
                 raise InvalidUpdateError(f"{field_name} must be a positive integer, got {ns!r}")
         buffers = {}
+        reply_bufs = reply.buffers if isinstance(reply.buffers, dict) else None
+        if reply_bufs is None:
+            raise InvalidUpdateError(f"buffers must be a dict, got {type(reply.buffers).__name__}")
+        for name in reply_bufs:
+            if name not in self.buffers:
+                raise InvalidUpdateError(f"unknown buffer {name!r}")
         for name, ref in self.buffers.items():
-            b = reply.buffers.get(name)
+            b = reply_bufs.get(name)
             if b is None:
-                b = ref  # a client that sends no buffers leaves them unchanged
-            elif b.shape != ref.shape or (b.is_floating_point() and not bool(torch.isfinite(b).all())):
-                raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or non-finite values")
-            buffers[name] = b.detach().clone()
-        # the strategy takes ownership of the values: no copy unless a conversion is needed
+                buffers[name] = ref.clone()  # a client that sends no buffers leaves them unchanged
+                continue
+            if not isinstance(b, torch.Tensor) or b.shape != ref.shape \
+                    or b.is_floating_point() != ref.is_floating_point():
+                raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or dtype")
+            b = b.detach().to(ref.dtype)  # checked as the model will hold it
+            if b.is_floating_point() and not bool(torch.isfinite(b).all()):
+                raise InvalidUpdateError(f"buffer {name!r} has non-finite values (as {ref.dtype})")
+            if (_is_variance(name) or not b.is_floating_point()) and bool((b < 0).any()):
+                raise InvalidUpdateError(f"buffer {name!r} has negative values")
+            buffers[name] = b.clone()
+        if self.bounds_norm:
+            values = self._clip(reply.client_id, a, mask, values, buffers, set(reply_bufs))
         processed = reply.num_processed if reply.num_processed is not None else reply.num_samples
-        return _Entry(reply.client_id, reply.version, mask, values.detach().to(torch.float32),
-                      int(reply.num_samples), buffers, int(processed), a.density)
+        return _Entry(reply.client_id, reply.version, mask, values, self._samples(reply.client_id, reply.num_samples),
+                      buffers, self._cap(int(processed), self.max_processed), a.density)
+
+    def _cap(self, n: int, limit: int | None) -> int:
+        if limit is not None and n > limit:
+            self.bounds.capped += 1
+            return limit
+        return n
+
+    def _samples(self, client_id: int, claimed: int) -> int:
+        """The ``samples`` weight: the server's own count when it has one, else the claim
+        capped at ``max_samples``."""
+        if self.client_samples is not None:
+            known = self.client_samples[client_id]
+            if int(claimed) != known:
+                self.bounds.capped += 1
+                log.debug("client %d claims %s samples; the server counts %d", client_id, claimed, known)
+            return known
+        return self._cap(int(claimed), self.max_samples)
+
+    def _clip(self, client_id: int, a: Assignment, mask: torch.Tensor, values: torch.Tensor,
+              buffers: dict[str, torch.Tensor], sent: set[str]) -> torch.Tensor:
+        """Clip the update to the norm bound (values returned; ``buffers`` scaled in place).
+
+        The update is the change from what the client was sent: on its mask for the
+        parameters (the values themselves for a delta rule) plus its floating-point
+        buffers. Computed in float64."""
+        start_params, start_bufs = self._sent.get(client_id, (self.params, self.buffers))
+        start = start_params[mask].double() if a.consumes == "model" else None
+        dv = values.double() - start if start is not None else values.double()
+        dbufs = {n: buffers[n].double() - start_bufs[n].double() for n in sorted(sent)
+                 if buffers[n].is_floating_point() and n in start_bufs}
+        norm = math.sqrt(float(dv.square().sum()) + sum(float(d.square().sum()) for d in dbufs.values()))
+        bound = self._norm_bound(start_params[mask], {n: start_bufs[n] for n in dbufs})
+        if norm > bound:
+            scale = bound / norm
+            self.bounds.clipped += 1
+            log.info("clipped update from client %d: norm %.4g above the bound %.4g", client_id, norm, bound)
+            dv = dv * scale
+            for n, d in dbufs.items():
+                buffers[n] = (start_bufs[n].double() + d * scale).to(buffers[n].dtype)
+            values = ((start + dv) if start is not None else dv).to(torch.float32)
+            norm = bound
+        self._norms.append(norm)
+        return values
+
+    def _norm_bound(self, start: torch.Tensor, start_bufs: dict[str, torch.Tensor]) -> float:
+        """The norm bound for an update dispatched with ``start`` (its masked weights)."""
+        bounds = []
+        if self.max_update_norm is not None:
+            bounds.append(self.max_update_norm)
+        if self.norm_multiple is not None:
+            if len(self._norms) >= NORM_MIN_HISTORY:
+                bounds.append(self.norm_multiple * statistics.median(self._norms))
+            else:  # no history yet: no larger than the model the client was sent
+                bounds.append(math.sqrt(float(start.double().square().sum())
+                                        + sum(float(b.double().square().sum()) for b in start_bufs.values())))
+        return min(bounds)
 
     # ------------------------------------------------------------------ aggregation
     @property
@@ -250,9 +395,18 @@ class MaskedBufferedStrategy:
             updates = [(e.mask, e.values) for e in used]
             # rules return a new tensor: params are replaced, never mutated in place, so
             # in-flight jobs may share the old vector without copying it
-            self.params = self.rule(self.params, updates, weights)
-            if self.bn_stats is None:
-                self.buffers = self._fold_buffers(used, weights)
+            new_params = self.rule(self.params, updates, weights)
+            new_buffers = self._fold_buffers(used, weights) if self.bn_stats is None else self.buffers
+            if self._finite(new_params, new_buffers):
+                self.params, self.buffers = new_params, new_buffers
+            else:  # last resort (validated updates should never get here): keep the model
+                log.error("aggregation at step %d gave non-finite weights; the model is kept and the %d "
+                          "updates used are dropped", self.version, len(used))
+                for e in used:
+                    self._buffer.pop(e.client_id, None)
+                    self._pending.pop(e.client_id, None)
+                self.rejected += len(used)
+                used, taus, weights = [], [], []
         if self.bn_stats is not None:
             self.buffers = self.bn_stats(self.params)
         self._last_used_masks = [e.mask for e in used]
@@ -267,6 +421,11 @@ class MaskedBufferedStrategy:
             for c in consumed:
                 self._pending.pop(c, None)
         return report
+
+    @staticmethod
+    def _finite(params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> bool:
+        return bool(torch.isfinite(params).all()) and all(
+            bool(torch.isfinite(b).all()) for b in buffers.values() if b.is_floating_point())
 
     def _fold_buffers(self, used: list[_Entry], weights: list[float]) -> dict[str, torch.Tensor]:
         """BatchNorm statistics after an aggregation, by :attr:`bn_rule`."""
@@ -348,6 +507,18 @@ class MaskedBufferedStrategy:
         outstanding = [{"client": cid, "version": a.version, "level": a.level, "density": a.density,
                         "mask": mask_key(a.mask), "mask_changed": a.mask_changed}
                        for cid, a in self._outstanding.items()]
+        if self.bounds_norm:  # the models outstanding jobs were sent, once per version
+            sent_ids: dict[int, int] = {}
+            for o in outstanding:
+                sent = self._sent.get(o["client"])
+                if sent is None:
+                    continue
+                if id(sent[0]) not in sent_ids:
+                    key = f"sent/{len(sent_ids)}"
+                    sent_ids[id(sent[0])] = len(sent_ids)
+                    tensors[f"{key}/params"] = sent[0]
+                    tensors.update({f"{key}/buf/{k}": v for k, v in sent[1].items()})
+                o["sent"] = sent_ids[id(sent[0])]
         held = {str(cid): mask_key(m) for cid, m in self._held.items()}
         pol_state, pol_tensors = self.policy.state_dict()
         tensors.update({f"policy/{k}": v for k, v in pol_tensors.items()})
@@ -356,6 +527,7 @@ class MaskedBufferedStrategy:
             "entries": entries, "outstanding": outstanding, "held": held, "ladder": self.ladder.state_dict(),
             "trigger": self.trigger.state_dict(), "policy": pol_state,
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
+            "bounds": {"clipped": self.bounds.clipped, "capped": self.bounds.capped, "norms": list(self._norms)},
         }
         return state, tensors
 
@@ -394,6 +566,18 @@ class MaskedBufferedStrategy:
             for o in state["outstanding"]
         }
         self._held = {int(c): masks[int(k)] for c, k in state["held"].items()}
+        # a checkpoint without the models sent (bounds off when saved): measure against the current one
+        self._sent = {}
+        for o in state["outstanding"]:
+            key = f"sent/{o['sent']}" if "sent" in o else None
+            if key is not None and f"{key}/params" in tensors:
+                bufs = {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers if f"{key}/buf/{k}" in tensors}
+                self._sent[int(o["client"])] = (tensors[f"{key}/params"].clone(), bufs)
+            else:
+                self._sent[int(o["client"])] = (self.params, self.buffers)
+        bounds = state.get("bounds") or {}
+        self.bounds = BoundStats(int(bounds.get("clipped", 0)), int(bounds.get("capped", 0)))
+        self._norms = deque((float(v) for v in bounds.get("norms", [])), maxlen=NORM_WINDOW)
 
 
 def mean_density(densities: list[float]) -> float:

@@ -164,6 +164,17 @@ def test_crashing_and_silent_clients_do_not_stall_the_loop(run_config, caplog):
     assert records[-1]["wall_time"] < 30
 
 
+def test_a_node_still_silent_at_the_end_is_counted_and_logged(run_config, caplog):
+    # a reply timeout longer than the run: the silent node is never expired, only reported
+    loop = _loop(run_config, FakeLink(run_config, {2: "hang"}), steps=3, k=2, reply_timeout=60.0,
+                 step_timeout=60.0)
+    with caplog.at_level(logging.WARNING, logger="fedgmr"):
+        loop.run()
+    assert loop.strategy.version == 3 and loop.stats.timeouts == 0
+    assert loop.stats.unanswered == 1
+    assert any("client 2 (node 2) never replied" in r.getMessage() for r in caplog.records)
+
+
 def _exp(run_config):
     cfg = load_run_config(run_config)
     exp = build_experiment(cfg)
@@ -176,7 +187,7 @@ def test_payload_round_trip_is_exact_and_never_pickled(run_config):
     fields = encode_instruction(3, a.version, 7, a.consumes, a.mask, s.params, s.buffers, settings)
     assert all(isinstance(v, (int, float, str, bytes, bool, list)) for v in fields.values())
     assert all(not (isinstance(v, bytes) and v[:1] == b"\x80") for v in fields.values())  # no pickle header
-    ins = decode_instruction(fields, settings)
+    ins = decode_instruction(fields, settings, s.space.numel, s.buffers)
     assert torch.equal(ins.mask, a.mask) and torch.equal(ins.start, s.params * a.mask)
     mask, vals = decode_sparse(fields["model"])
     assert torch.equal(vals, s.params[a.mask])
