@@ -106,7 +106,7 @@ def test_refuses_to_overwrite_a_run(tmp_path: Path):
     cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 4, "eval_every": 2})
     fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q")
     proc = fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q", check=False)
-    assert proc.returncode == 1 and "already holds a run" in proc.stderr
+    assert proc.returncode == 3 and "already holds a run" in proc.stderr
     fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q", "--overwrite")
 
 
@@ -136,10 +136,12 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path: Path):
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path: Path):
-    cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 4, "eval_every": 2})
+    cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 4, "eval_every": 2, "checkpoint_every": None,
+                                                    "checkpoint_seconds": None})
     fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q")
+    (tmp_path / "r" / "summary.json").unlink()  # as if killed at the very end
     proc = fedgmr("run", "--resume", str(tmp_path / "r"), check=False)
-    assert proc.returncode == 1 and "no checkpoint" in proc.stderr
+    assert proc.returncode == 3 and "no checkpoint" in proc.stderr
 
 
 def test_quickstart_preset_runs_with_progress_bar(tmp_path: Path):
@@ -171,5 +173,5 @@ def test_toml_config_is_accepted(tmp_path: Path):
 def test_a_bad_data_path_leaves_no_half_made_run(tmp_path: Path):
     out = tmp_path / "r"
     proc = fedgmr("run", "mnist", "--out", str(out), "--set", f"data.root={tmp_path / 'nowhere'}", check=False)
-    assert proc.returncode == 1 and "train-images-idx3-ubyte" in proc.stderr
+    assert proc.returncode == 4 and "train-images-idx3-ubyte" in proc.stderr  # DatasetFormatError
     assert not out.exists()

@@ -1,38 +1,64 @@
 """Run an experiment into a directory: resolved config, metrics.jsonl, summary.json,
-a plot and checkpoints; resume an interrupted run to exactly the same metrics."""
+a plot and checkpoints; resume an interrupted run to exactly the same metrics.
+
+A run directory is a unit (:mod:`fedgmr.experiment.rundir`): one process at a time
+(an exclusive lock), results of one run only (``overwrite`` clears everything a previous
+run wrote, checkpoint included), and a resume continues only the run its checkpoint
+belongs to (the config and the metrics written so far are checked against it).
+Checkpoints are on by default (``run.checkpoint_every`` steps or
+``run.checkpoint_seconds`` of wall time, whichever comes first).
+
+A run that makes no progress - no server step, a stall with every client idle, or
+``run.fail_after_rejections`` client updates rejected in a row - still writes its
+metrics and a summary marked ``"status": "failed"``, then raises
+:class:`~fedgmr.errors.RunFailedError`.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fedgmr.config import ExperimentConfig, dump_config, parse_config, read_config_file
 from fedgmr.data import FederatedData
-from fedgmr.errors import FedGMRError
+from fedgmr.errors import ConfigError, RunDirError, RunFailedError
 from fedgmr.experiment.build import build_experiment
-from fedgmr.experiment.checkpoint import load_checkpoint, save_checkpoint
+from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from fedgmr.experiment.metrics import acc_at_t
 from fedgmr.experiment.plots import plot_runs
+from fedgmr.experiment.rundir import (CONFIG_FILE, LOCK_FILE, METRICS_FILE, PLOT_FILE, SUMMARY_FILE, RunLock, clear,
+                                      config_digest, fsync_file, holds_run, is_run_dir, prepare, write_atomic,
+                                      writing)
 from fedgmr.sim.simulator import Simulator
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-PLOT_FILE = "accuracy_density.png"
+#: a time-triggered checkpoint waits at least this many times as long as the previous
+#: checkpoint took (at most ~1 % of the wall time goes to them)
+CHECKPOINT_COST_FACTOR = 100.0
+
+__all__ = ["run_experiment", "saved_config", "finalize", "CONFIG_FILE", "METRICS_FILE", "SUMMARY_FILE", "PLOT_FILE"]
 
 
 def saved_config(run_dir: str | Path) -> ExperimentConfig:
-    """The resolved config of an existing run directory."""
-    path = Path(run_dir) / CONFIG_FILE
+    """The resolved config of an existing run directory (``RunDirError`` if it has none
+    or it is not a valid config)."""
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_FILE
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a run directory")
     if not path.exists():
-        raise FedGMRError(f"{run_dir} has no {CONFIG_FILE}: not a fedgmr run directory")
-    return parse_config(read_config_file(path))
+        raise RunDirError(f"{run_dir} has no {CONFIG_FILE}: not a fedgmr run directory")
+    try:
+        return parse_config(read_config_file(path))
+    except ConfigError as exc:
+        raise RunDirError(f"{path} is not the config this run was started with: {exc}") from None
 
 
 class _Progress:
@@ -70,109 +96,283 @@ class _Progress:
         self.bar.update(self.task, completed=done, info=info)
 
 
+class _MetricsLog:
+    """``metrics.jsonl`` open for appending, with the size and sha256 of its content (a
+    checkpoint records them; a resume checks the file still starts with those bytes)."""
+
+    def __init__(self, path: Path, keep: int = 0) -> None:
+        self.path = path
+        with writing(path):
+            if keep:
+                prefix = path.read_bytes()[:keep]
+                os.truncate(path, keep)  # drop what was written after the checkpoint
+            else:
+                prefix = b""
+                path.write_bytes(b"")
+            self.fh = open(path, "ab")
+            fsync_file(self.fh)
+        self.hash = hashlib.sha256(prefix)
+        self.size = len(prefix)
+
+    def write(self, rec: dict[str, Any]) -> None:
+        line = (json.dumps(rec) + "\n").encode("utf-8")
+        with writing(self.path):
+            self.fh.write(line)
+            self.fh.flush()  # readers (progress, tests, tail -f) see every record at once
+        self.hash.update(line)
+        self.size += len(line)
+
+    def sync(self) -> dict[str, Any]:
+        """fsync the file; its size and sha256 for a checkpoint."""
+        with writing(self.path):
+            fsync_file(self.fh)
+        return {"bytes": self.size, "sha256": self.hash.copy().hexdigest()}
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _verify_metrics(path: Path, expected: Any, records: int) -> int:
+    """Bytes of ``metrics.jsonl`` the checkpoint covers, after checking they are unchanged."""
+    if not isinstance(expected, dict) or not {"bytes", "sha256"} <= set(expected):
+        raise RunDirError(f"{checkpoint_path(path.parent)} is damaged: it does not describe {METRICS_FILE}")
+    size = int(expected["bytes"])
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RunDirError(f"{path} is missing: the checkpoint expects {records} records") from None
+    if len(data) < size or hashlib.sha256(data[:size]).hexdigest() != expected["sha256"] \
+            or data[:size].count(b"\n") != records:
+        raise RunDirError(f"{path} does not match the checkpoint: its first {records} records were changed or "
+                          f"cut short")
+    return size
+
+
+def _check_resumable(out: Path, cfg: ExperimentConfig, state: dict[str, Any]) -> None:
+    """The checkpoint belongs to this run: config.yaml and ``cfg`` match its config hash."""
+    config_path = out / CONFIG_FILE
+    try:
+        on_disk = config_digest(read_config_file(config_path))
+    except ConfigError as exc:
+        raise RunDirError(f"{config_path}: {exc}") from None
+    if on_disk != state.get("config_sha256"):
+        raise RunDirError(f"{config_path} was changed after the checkpoint was written (it does not match the "
+                          f"checkpoint's config hash); restore it, or start a new run in another directory")
+    if config_digest(cfg) != on_disk:
+        raise RunDirError(f"the config given differs from {config_path}, the config of the run to resume")
+
+
+def _finished(out: Path) -> None:
+    """Refuse to resume a run that already wrote its summary."""
+    path = out / SUMMARY_FILE
+    if not path.exists():
+        return
+    try:
+        status = json.loads(path.read_text()).get("status", "completed")
+    except (OSError, ValueError, AttributeError):
+        status = "completed"
+    raise RunDirError(f"{out} holds a {'failed' if status == 'failed' else 'finished'} run ({SUMMARY_FILE} "
+                      f"exists): nothing to resume; start a new run with --overwrite or another --out")
+
+
+def _discard_if_unused(out: Path) -> None:
+    """Remove a directory this call created when nothing but the lock file went into it."""
+    try:
+        if all(p.name == LOCK_FILE for p in out.iterdir()):
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            out.rmdir()
+    except OSError:
+        pass
+
+
+def _close(executor: Any) -> None:
+    """Close an executor without hiding the exception that ended the run."""
+    try:
+        executor.close()
+    except Exception:  # noqa: BLE001
+        log.warning("closing the executor failed", exc_info=True)
+
+
+def _failure(sim: Simulator, limit: int) -> str | None:
+    """Why the run made no progress, or None when it did."""
+    rejected, uploads = sim.strategy.rejected, sim.uploads
+    if sim.rejected_streak >= limit:
+        return (f"the last {sim.rejected_streak} client updates were all rejected ({rejected} of {uploads} in all, "
+                f"see the warnings; run.fail_after_rejections={limit})")
+    if sim.step == 0:
+        if uploads == 0:
+            return f"no client update arrived by t={sim.now:,.1f}s: no server step could be aggregated"
+        return f"no update could be aggregated: {rejected} of {uploads} client updates were rejected"
+    if sim.stalled:
+        return (f"the run stalled at step {sim.step} (t={sim.now:,.1f}s) with every client idle: "
+                f"{rejected} of {uploads} client updates were rejected")
+    return None
+
+
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False, progress: bool = False,
                    overwrite: bool = False, data: FederatedData | None = None,
                    stop_after_steps: int | None = None) -> dict[str, Any]:
     """Run ``cfg`` into ``out_dir`` and return the summary.
 
-    ``resume`` continues from ``out_dir/checkpoint``; metrics written after that
-    checkpoint are discarded and recomputed, so the result equals an uninterrupted run.
+    ``resume`` continues from ``out_dir/checkpoint``; ``cfg`` must be the run's saved
+    config (:func:`saved_config`). Metrics written after that checkpoint are discarded
+    and recomputed, so the result equals an uninterrupted run. ``overwrite`` replaces a
+    previous run in ``out_dir`` (only the files fedgmr wrote are removed).
     ``stop_after_steps`` stops early (as an interruption would), leaving a resumable run.
+
+    Raises ``RunDirError`` for a directory that cannot be used (locked, holds another
+    run, damaged or mismatched checkpoint, not writable) and ``RunFailedError`` for a run
+    that made no progress (its metrics and a failed summary are written first).
     """
+    if resume and overwrite:
+        raise ConfigError("resume and overwrite exclude each other")
     out = Path(out_dir)
+    created = prepare(out, must_exist=resume)
+    lock = RunLock(out)
+    lock.acquire()  # refused when another process works on this directory
+    try:
+        return _run_locked(cfg, out, resume, progress, overwrite, data, stop_after_steps)
+    except BaseException:
+        if created:  # e.g. the data failed to load: leave no empty run directory behind
+            _discard_if_unused(out)
+        raise
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, overwrite: bool,
+                data: FederatedData | None, stop_after_steps: int | None) -> dict[str, Any]:
     metrics_path = out / METRICS_FILE
+    digest = config_digest(cfg)
     ckpt = None
+    keep = 0
     if resume:
+        _finished(out)
         ckpt = load_checkpoint(out)
-        keep = int(ckpt[0]["simulator"]["records"])
-        lines = metrics_path.read_text().splitlines(keepends=True) if metrics_path.exists() else []
-        if len(lines) < keep:
-            raise FedGMRError(f"{metrics_path} has {len(lines)} records but the checkpoint expects {keep}")
-    elif metrics_path.exists() and metrics_path.stat().st_size > 0 and not overwrite:
-        raise FedGMRError(f"{out} already holds a run; pass --resume to continue it or --overwrite")
+        _check_resumable(out, cfg, ckpt[0])
+        try:
+            records = int(ckpt[0]["simulator"]["records"])
+        except (KeyError, TypeError, ValueError):
+            raise RunDirError(f"{checkpoint_path(out)} is damaged: no simulator state") from None
+        keep = _verify_metrics(metrics_path, ckpt[0].get("metrics"), records)
+    else:
+        if holds_run(out) and not overwrite:
+            raise RunDirError(f"{out} already holds a run; continue it with --resume {out} or replace it "
+                              f"with --overwrite")
+        if (out / CONFIG_FILE).exists() and not is_run_dir(out):
+            raise RunDirError(f"{out / CONFIG_FILE} exists but {out} is not a fedgmr run directory; fedgmr will "
+                              f"not overwrite it: choose another --out")
 
     last_acc: list[float | None] = [None]
-    sink: list[Any] = []  # the metrics file, opened once the experiment is built
+    sink: list[_MetricsLog] = []  # the metrics file, opened once the experiment is built
 
     def on_record(rec: dict[str, Any]) -> None:
-        sink[0].write(json.dumps(rec) + "\n")
-        sink[0].flush()
+        sink[0].write(rec)
         last_acc[0] = rec["accuracy"]
 
     wall0 = time.perf_counter()
     # build (and load the data) before touching the run directory: a bad data path
-    # leaves no half-made run behind
+    # leaves no half-made run behind, and --overwrite keeps the old run
     exp = build_experiment(cfg, on_record=on_record, data=data)
-    out.mkdir(parents=True, exist_ok=True)
-    if ckpt is not None:
-        metrics_path.write_text("".join(lines[:keep]))
-    else:
-        metrics_path.write_text("")
-        (out / SUMMARY_FILE).unlink(missing_ok=True)
-    (out / CONFIG_FILE).write_text(dump_config(cfg))
-    fh = open(metrics_path, "a")
-    sink.append(fh)
     sim = exp.simulator
-    prior_wall = 0.0
-    if ckpt is not None:
-        state, tensors = ckpt
-        exp.strategy.load_state_dict(state["strategy"], {k[9:]: v for k, v in tensors.items() if k.startswith("strategy/")})
-        sim.load_state_dict(state["simulator"], {k[4:]: v for k, v in tensors.items() if k.startswith("sim/")})
-        prior_wall = float(state.get("wall_time", 0.0))
-    every = cfg.run.checkpoint_every
-
-    def checkpoint(s: Simulator) -> None:
-        st_state, st_tensors = exp.strategy.state_dict()
-        sim_state, sim_tensors = s.state_dict()
-        tensors = {f"strategy/{k}": v for k, v in st_tensors.items()}
-        tensors.update({f"sim/{k}": v for k, v in sim_tensors.items()})
-        save_checkpoint(out, {"strategy": st_state, "simulator": sim_state, "step": s.step,
-                              "wall_time": prior_wall + time.perf_counter() - wall0}, tensors)
-
-    interrupted = False
     try:
+        prior_wall = 0.0
+        if ckpt is not None:
+            state, tensors = ckpt
+            try:
+                exp.strategy.load_state_dict(state["strategy"],
+                                             {k[9:]: v for k, v in tensors.items() if k.startswith("strategy/")})
+                sim.load_state_dict(state["simulator"], {k[4:]: v for k, v in tensors.items() if k.startswith("sim/")})
+                prior_wall = float(state.get("wall_time", 0.0))
+            except Exception as exc:  # noqa: BLE001 - verified files that still do not fit this run
+                raise RunDirError(f"{checkpoint_path(out)} does not fit this run: "
+                                  f"{type(exc).__name__}: {exc}") from None
+            sink.append(_MetricsLog(metrics_path, keep))
+        else:
+            clear(out)  # everything of a previous run goes, checkpoint included
+            sink.append(_MetricsLog(metrics_path))  # first: marks the directory as a run's
+            write_atomic(out / CONFIG_FILE, dump_config(cfg))
+        every, seconds = cfg.run.checkpoint_every, cfg.run.checkpoint_seconds
+        limit = cfg.run.fail_after_rejections or 3 * sim.concurrency
+        # [end of the last checkpoint, wall seconds until the next time-triggered one]: a
+        # slow checkpoint (a large model) stretches the interval to keep the overhead small
+        timer = [time.perf_counter(), seconds or math.inf]
+
+        def checkpoint(s: Simulator) -> None:
+            start = time.perf_counter()
+            st_state, st_tensors = exp.strategy.state_dict()
+            sim_state, sim_tensors = s.state_dict()
+            tensors = {f"strategy/{k}": v for k, v in st_tensors.items()}
+            tensors.update({f"sim/{k}": v for k, v in sim_tensors.items()})
+            metrics = sink[0].sync()  # the records the checkpoint counts reach the disk first
+            save_checkpoint(out, {"strategy": st_state, "simulator": sim_state, "step": s.step,
+                                  "wall_time": prior_wall + time.perf_counter() - wall0,
+                                  "config_sha256": digest, "metrics": metrics}, tensors)
+            now = time.perf_counter()
+            timer[:] = [now, max(seconds or math.inf, CHECKPOINT_COST_FACTOR * (now - start))]
+
+        if ckpt is None and (every or seconds):
+            checkpoint(sim)  # a run killed before its first step can be resumed too
+
+        def should_stop() -> bool:
+            return sim.rejected_streak >= limit or bool(stop_after_steps and sim.step >= stop_after_steps)
+
         with _Progress(cfg, progress) as bar:
             def on_step(s: Simulator) -> None:
                 bar.update(s, last_acc[0])
-                if every and s.step % every == 0:
-                    checkpoint(s)
+                if (every and s.step % every == 0) or time.perf_counter() - timer[0] >= timer[1]:
+                    checkpoint(s)  # a snapshot only: results never depend on when it is taken
 
-            stop = (lambda: sim.step >= stop_after_steps) if stop_after_steps else None
-            sim.run(cfg.run.max_steps, cfg.run.max_time, should_stop=stop, on_step=on_step)
-            if stop_after_steps and sim.step >= stop_after_steps:
-                interrupted = True
-            else:
-                sim.finish()
-                bar.update(sim, last_acc[0])
+            sim.run(cfg.run.max_steps, cfg.run.max_time, should_stop=should_stop, on_step=on_step)
+            failure = _failure(sim, limit)
+            if failure is None and stop_after_steps and sim.step >= stop_after_steps:
+                return {"interrupted": True, "steps": sim.step}
+            sim.finish()
+            bar.update(sim, last_acc[0])
+        sink[0].sync()
     finally:
-        fh.close()
-        exp.executor.close()
-    if interrupted:
-        return {"interrupted": True, "steps": sim.step}
-    return finalize(out, cfg, wall=prior_wall + time.perf_counter() - wall0)
+        if sink:
+            sink[0].close()
+        _close(exp.executor)
+    summary = finalize(out, cfg, wall=prior_wall + time.perf_counter() - wall0, rejected=sim.strategy.rejected,
+                       failure=failure)
+    if failure is not None:
+        raise RunFailedError(f"the run failed: {failure} (metrics and summary in {out})")
+    return summary
 
 
-def finalize(out: Path, cfg: ExperimentConfig, wall: float) -> dict[str, Any]:
-    """Write summary.json and the plot from the run's metrics."""
+def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None = None,
+             failure: str | None = None) -> dict[str, Any]:
+    """Write summary.json and the plot from the run's metrics.
+
+    ``rejected``: the run's total of rejected updates (default: the last record's count,
+    which misses rejections after the last evaluation). ``failure``: why the run failed;
+    the summary's ``status`` is then ``failed``.
+    """
     from fedgmr.experiment.metrics import read_metrics
 
     rows = read_metrics(out)
     last = rows[-1]
     summary: dict[str, Any] = {
         "name": cfg.name, "method": cfg.method, "seed": cfg.seed,
+        "status": "failed" if failure else "completed",
         "final_accuracy": last["accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
         "time": last["time"], "steps": last["step"], "final_avg_density": last["avg_density"],
         "restorations": last["restorations"], "bytes_up": last["bytes_up"], "bytes_down": last["bytes_down"],
         "uploads": last.get("uploads"), "downloads": last.get("downloads"),
-        "rejected_updates": last["rejected"], "wall_time_s": round(wall, 3), "evaluations": len(rows),
+        "rejected_updates": last["rejected"] if rejected is None else rejected,
+        "wall_time_s": round(wall, 3), "evaluations": len(rows),
         "eval_interval": cfg.run.eval_interval,
     }
+    if failure:
+        summary["failure"] = failure
     if cfg.run.t_star is not None:
         mean, std = acc_at_t([r["time"] for r in rows], [r["accuracy"] for r in rows], cfg.run.t_star,
                              interval=cfg.run.eval_interval)
         summary["t_star"] = cfg.run.t_star
         summary["acc_at_t_star"] = None if math.isnan(mean) else mean
         summary["acc_at_t_star_std"] = None if math.isnan(std) else std
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    plot_runs([(cfg.method, rows)], out / PLOT_FILE, title=f"{cfg.name}: {cfg.method}", t_star=cfg.run.t_star)
+    write_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    with writing(out / PLOT_FILE):
+        plot_runs([(cfg.method, rows)], out / PLOT_FILE, title=f"{cfg.name}: {cfg.method}", t_star=cfg.run.t_star)
     return summary

@@ -11,14 +11,25 @@ Each worker holds the :class:`~fedgmr.sim.executor.ClientWorkload` (client data 
 model instance) for its whole life; only jobs and results cross process boundaries.
 Those crossings are between processes of one trusted run (multiprocessing and Ray
 serialise them with pickle); nothing here reads data from the network or from disk.
+
+Workers never outlive the run: process-pool workers die with their parent, however it
+ends (``kill -9`` included: ``PR_SET_PDEATHSIG`` on Linux, and a watchdog thread that
+notices the parent is gone on every platform), and ``close`` stops them without waiting
+for jobs nobody needs any more. Ray actors are killed on ``close``, and a Ray instance
+started here is shut down.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import logging
 import multiprocessing as mp
 import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures import ProcessPoolExecutor as _Pool
 from dataclasses import replace
@@ -51,9 +62,52 @@ def _own_model(workload: ClientWorkload) -> ClientWorkload:
     return copy.deepcopy(workload, memo)
 
 
-def _init_worker(workload: ClientWorkload, threads: int) -> None:
-    """Runs once in each worker: keep the workload, pin torch's thread count."""
+#: how often a worker's watchdog checks that its parent is alive (seconds)
+WATCHDOG_INTERVAL = 1.0
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _watch_parent(parent_pid: int, interval: float) -> None:
+    """Exit this process as soon as ``parent_pid`` is no longer its parent (it died and
+    the worker was re-parented)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(interval)
+
+
+def die_with_parent(parent_pid: int | None = None, interval: float = WATCHDOG_INTERVAL) -> None:
+    """Make this (worker) process end when its parent ``parent_pid`` (default: the
+    current parent, e.g. a fork server) dies.
+
+    On Linux the kernel sends SIGKILL at once (``prctl(PR_SET_PDEATHSIG)``; it fires
+    when the parent *thread* that started the worker ends, which for the pool is the
+    thread that runs the simulation). A daemon thread checks ``os.getppid()`` every
+    ``interval`` seconds everywhere, and a parent that died before this call is caught
+    right away.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+                log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        except (OSError, AttributeError):  # pragma: no cover - exotic libc
+            log.debug("prctl is not available; relying on the watchdog thread")
+    if parent_pid is None:
+        parent_pid = os.getppid()
+    elif os.getppid() != parent_pid:  # the parent died before the kernel could be told
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid, interval), name="fedgmr-parent-watchdog",
+                     daemon=True).start()
+
+
+def _init_worker(workload: ClientWorkload, threads: int, parent_pid: int | None = None) -> None:
+    """Runs once in each worker: die with the parent (``parent_pid``, or the process
+    that started the worker), leave Ctrl-C to the parent (it closes the pool), keep the
+    workload, pin torch's thread count."""
     global _WORKLOAD
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     _WORKLOAD = _own_model(workload)
 
@@ -95,13 +149,41 @@ class ProcessPoolExecutor:
         self.threads = threads
         ctx = mp.get_context(start_method)
         self._pool = _Pool(max_workers=self.workers, mp_context=ctx, initializer=_init_worker,
-                           initargs=(workload, threads))
+                           # a fork server, not this process, starts forkserver workers
+                           initargs=(workload, threads, None if start_method == "forkserver" else os.getpid()))
+        self._closed = False
 
     def submit(self, job: TrainJob) -> _FutureHandle:
         return _FutureHandle(self._pool.submit(_run_job, job))
 
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (started at the first submit)."""
+        procs = getattr(self._pool, "_processes", None) or {}
+        return [p.pid for p in list(procs.values()) if p.pid is not None and p.is_alive()]
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers now: queued jobs are cancelled and running ones, whose
+        results nobody will ask for, are terminated rather than awaited. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            try:
+                if p.is_alive():
+                    p.terminate()
+            except (ValueError, OSError):  # already closed or gone
+                pass
+        for p in procs:
+            try:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=10)
+            except (ValueError, OSError, AssertionError):
+                pass
+        self._pool.shutdown(wait=True)
 
 
 def make_process_executor(workload: ClientWorkload, cfg: "ExperimentConfig") -> ProcessPoolExecutor:
@@ -172,6 +254,9 @@ class RayExecutor:
         ray = _import_ray()
         self._ray = ray
         self._owns_ray = False
+        self.actors: list[Any] = []
+        self._refs: dict[int, Any] = {}
+        self._wave_keep: tuple[Any, ...] = ()
         if not ray.is_initialized():
             opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
                                     "configure_logging": False}
@@ -180,15 +265,18 @@ class RayExecutor:
             opts.update(init_options or {})
             ray.init(address=address, **opts)
             self._owns_ray = True
-        n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        actor_cls = ray.remote(num_cpus=1)(_ClientActor)
-        ref = ray.put(workload)
-        self.actors = [actor_cls.remote(ref, threads) for _ in range(n)]
-        ray.get([a.ready.remote() for a in self.actors])
+        try:
+            n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            actor_cls = ray.remote(num_cpus=1)(_ClientActor)
+            ref = ray.put(workload)
+            for _ in range(n):
+                self.actors.append(actor_cls.remote(ref, threads))
+            ray.get([a.ready.remote() for a in self.actors])
+        except BaseException:  # Ctrl-C or a failed actor: release what was started
+            self.close()
+            raise
         self._pending: list[list[Any]] = [[] for _ in self.actors]
         self._wave_key: tuple[int, int] | None = None
-        self._wave_keep: tuple[Any, ...] = ()
-        self._refs: dict[int, Any] = {}
 
     def _put(self, obj: Any) -> Any:
         """One ObjectRef per distinct object of the current wave."""
@@ -220,17 +308,22 @@ class RayExecutor:
         return _RayHandle(self._ray, ref)
 
     def close(self) -> None:
-        for a in self.actors:
-            try:
-                self._ray.kill(a)
-            except Exception:  # noqa: BLE001 - best effort on shutdown
-                log.debug("could not kill a Ray actor", exc_info=True)
-        self.actors = []
+        """Kill the actors; shut Ray down only if this executor started it. Idempotent;
+        the runner calls it on every exit path (errors and Ctrl-C included)."""
+        actors, self.actors = self.actors, []
+        self._pending = []
         self._refs = {}
         self._wave_keep = ()
-        if self._owns_ray:
-            self._ray.shutdown()
-            self._owns_ray = False
+        try:
+            for a in actors:
+                try:
+                    self._ray.kill(a)
+                except Exception:  # noqa: BLE001 - best effort on shutdown
+                    log.debug("could not kill a Ray actor", exc_info=True)
+        finally:
+            if self._owns_ray:
+                self._owns_ray = False
+                self._ray.shutdown()
 
 
 def make_ray_executor(workload: ClientWorkload, cfg: "ExperimentConfig") -> RayExecutor:

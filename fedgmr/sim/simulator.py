@@ -161,6 +161,8 @@ class Simulator:
         self.wave: set[int] = set()
         self.records = 0
         self.started = False
+        self.rejected_streak = 0  # client replies rejected since the last accepted one
+        self.stalled = False  # the last run() ended with no event left: every client idle
         self._last_eval_step = -1
         self.last_step_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
         # the newest model whose aggregation has finished (what a grid evaluation sees)
@@ -276,6 +278,7 @@ class Simulator:
                       self.strategy.rule.consumes, None, res.loss, res.val_score, res.num_processed)
         self._maybe_arm_deadline(c, f.density)
         accepted = self.strategy.receive(reply)
+        self.rejected_streak = 0 if accepted else self.rejected_streak + 1
         if accepted and res.val_score is not None:
             self.strategy.on_client_validation(c, res.val_score)
         if self.coord.mode == "sync":
@@ -400,6 +403,7 @@ class Simulator:
             raise ValueError("give max_steps or max_time")
         if not self.started:
             self.start()
+        self.stalled = False
 
         def done() -> bool:
             return ((max_steps is not None and self.step >= max_steps and not self.server_busy)
@@ -412,6 +416,7 @@ class Simulator:
                 break
             if not self.events:
                 log.warning("no more events: every client is idle")
+                self.stalled = True
                 break
             ev = heapq.heappop(self.events)
             if max_time is not None and ev.time > max_time:
@@ -467,6 +472,7 @@ class Simulator:
             "next_grid": self.next_grid if math.isfinite(self.next_grid) else None, "grid_index": self._grid_index,
             "since_record": self._since_record, "wave": sorted(self.wave), "records": self.records,
             "started": self.started, "last_eval_step": self._last_eval_step, "last_step_stats": self.last_step_stats,
+            "rejected_streak": self.rejected_streak,
             "network": self.network.state_dict(), "rng": self.rng.bit_generator.state,
         }
         return state, tensors
@@ -507,6 +513,7 @@ class Simulator:
         self.started = bool(state["started"])
         self._last_eval_step = int(state["last_eval_step"])
         self.last_step_stats = dict(state["last_step_stats"])
+        self.rejected_streak = int(state.get("rejected_streak", 0))
         self.network.load_state_dict(state["network"])
         self.rng.bit_generator.state = state["rng"]
         # checkpoints are written right after a step finished: the strategy's model is published
