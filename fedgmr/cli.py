@@ -22,7 +22,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def _fail(exc: Exception) -> None:
     """One line on stderr and the error's documented exit code (see fedgmr.errors)."""
     code = getattr(exc, "exit_code", 1)
-    typer.echo(f"error: {exc}", err=True)
+    typer.echo("error: " + " ".join(str(exc).splitlines()), err=True)
     raise typer.Exit(code)
 
 
@@ -56,28 +56,36 @@ def run(
     config: Optional[str] = typer.Argument(None, help="config file (YAML/TOML) or preset name"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory to write"),
     set_: list[str] = typer.Option([], "--set", "-s", help="override a key: --set training.lr=0.1"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the interrupted run in this directory"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing run in --out"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the interrupted run in this directory "
+                                          "from its last checkpoint, with its saved config (no CONFIG, --set, --out)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only the files "
+                                   "fedgmr wrote, checkpoint included)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
-    """Run one experiment and write its directory."""
+    """Run one experiment and write its directory.
+
+    Exit codes: 0 done, 2 bad config or usage, 3 run directory problem (holds a run,
+    in use, damaged or mismatched checkpoint, not writable), 4 data, 5 the run failed
+    (no progress; its metrics and a failed summary are written), 130 interrupted.
+    """
     from fedgmr.experiment.runner import run_experiment, saved_config
 
+    cfg = None
+    target = resume if resume is not None else out
     try:
         if resume is not None:
+            extra = [name for name, given in (("CONFIG", config is not None), ("--set", bool(set_)),
+                                              ("--out", out is not None), ("--overwrite", overwrite)) if given]
+            if extra:
+                raise ConfigError(f"--resume continues the run exactly as saved in {resume}; drop "
+                                  f"{', '.join(extra)} (to change anything, start a new run with --out)")
             cfg = saved_config(resume)
-            if config is not None or set_:
-                new = resolve(config or "quickstart", set_) if config else None
-                if new is not None and new != cfg:
-                    raise ConfigError("--resume continues the saved config; drop CONFIG/--set or use a new --out")
-            target = resume
         else:
             if config is None:
                 raise ConfigError("give a CONFIG file or preset name (e.g. 'quickstart')")
             if out is None:
                 raise ConfigError("give --out DIR for the run directory")
             cfg = resolve(config, set_)
-            target = out
         t0 = time.perf_counter()
         summary = run_experiment(cfg, target, resume=resume is not None, progress=not quiet and sys.stderr.isatty()
                                  or (not quiet and _force_progress()), overwrite=overwrite)
@@ -85,11 +93,21 @@ def run(
         _fail(exc)
         return
     except KeyboardInterrupt:
-        typer.echo("interrupted: resume with --resume (needs run.checkpoint_every)", err=True)
+        typer.echo(_interrupted_message(cfg, target), err=True)
         raise typer.Exit(130)
     typer.echo(f"{summary['method']}: final accuracy {100 * summary['final_accuracy']:.2f}% at "
                f"t={summary['time']:,.1f}s after {summary['steps']} steps "
                f"({time.perf_counter() - t0:.1f}s wall) -> {target}")
+
+
+def _interrupted_message(cfg: Any, target: Optional[Path]) -> str:
+    """What to do after Ctrl-C: resume from the last checkpoint, if there are any."""
+    if cfg is None or target is None:
+        return "interrupted"
+    if cfg.run.checkpoint_every is None and cfg.run.checkpoint_seconds is None:
+        return (f"interrupted: checkpoints were off (run.checkpoint_every and run.checkpoint_seconds are null), "
+                f"so {target} cannot be resumed")
+    return f"interrupted: continue from the last checkpoint with: fedgmr run --resume {target}"
 
 
 def _force_progress() -> bool:
@@ -103,26 +121,47 @@ def format_compare(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Acc@t* (t* = {result['t_star']:,.0f} s)  |  time-to-{100 * result['target']:.1f}%")
-    for col in ("method", "run", "Acc@t* (%)", "window", "final (%)", "end time (s)", "time to target (s)"):
-        table.add_column(col, justify="right" if col not in ("method", "run") else "left")
+    table = Table(title=f"Acc@t* (t* = {result['t_star']:,.0f} s)  |  time-to-{100 * result['target']:.1f}%",
+                  caption="±: sample std across seeds for a row of several seeds, else the std of the "
+                          "evaluations in the run's window")
+    for col in ("method", "run", "Acc@t* (%)", "± is", "window", "final (%)", "end time (s)", "time to target (s)"):
+        table.add_column(col, justify="right" if col not in ("method", "run", "± is") else "left")
     for r in result["runs"]:
-        acc = "n/a" if math.isnan(r["acc_at_t"]) else f"{100 * r['acc_at_t']:.2f} ± {100 * r['std']:.2f}"
+        n = r.get("n", 1)
+        acc = "n/a" if math.isnan(r["acc_at_t"]) else (
+            f"{100 * r['acc_at_t']:.2f}" + ("" if math.isnan(r["std"]) else f" ± {100 * r['std']:.2f}"))
         ttt = "never" if math.isnan(r["time_to_target"]) else f"{r['time_to_target']:,.1f}"
+        if n > 1 and not math.isnan(r["time_to_target"]) and r.get("reached_target", n) < n:
+            ttt += f" ({r['reached_target']}/{n})"
         window = "±10 evals" if r["window"] is None else f"±{r['window']:,.0f} s"
-        table.add_row(r["method"], r["run"], acc, window, f"{100 * r['final_accuracy']:.2f}", f"{r['end_time']:,.1f}",
-                      ttt)
+        run = r["run"] if n == 1 else f"{n} seeds ({', '.join(str(x) for x in r['seeds'])})"
+        kind = "across seeds" if r.get("std_kind") == "seeds" else "in window"
+        table.add_row(r["method"], run, acc, kind, window, f"{100 * r['final_accuracy']:.2f}",
+                      f"{r['end_time']:,.1f}", ttt)
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
     console.print(table)
     text = console.export_text()
     if not math.isnan(result["mri"]):
         text += f"MRI of {result['mri_of']} over {', '.join(result['over'])}: {result['mri']:+.2f}%\n"
+    elif result["over"]:
+        text += f"MRI of {result['mri_of']} over {', '.join(result['over'])}: n/a ({result.get('mri_note')})\n"
     return text
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinity (an undefined MRI, a run that never reaches t*) become JSON null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 @app.command()
 def compare(
-    runs: list[Path] = typer.Argument(..., help="run directories; the first is the method, the rest baselines"),
+    runs: list[Path] = typer.Argument(..., help="run directories; the first experiment is the method, the rest baselines (seeds of one experiment are one row)"),
     t_star: float = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*"),
     target: Optional[float] = typer.Option(None, "--target", help="accuracy (0-1) for time-to-accuracy"),
     window: Optional[float] = typer.Option(None, "--window", help="Acc@t* half-window in virtual seconds for every "
@@ -130,20 +169,24 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="also write a comparison PNG"),
 ) -> None:
-    """Compare runs: Acc@t* ± std (over the evaluations in the window), MRI of the first
-    run, time-to-accuracy."""
-    from fedgmr.experiment.metrics import compare_runs, read_metrics
-    from fedgmr.experiment.plots import plot_runs
+    """Compare runs: Acc@t* ± std, MRI of the first experiment, time-to-accuracy. Runs that
+    differ only in the seed are one row (mean ± sample std across seeds). A missing or damaged run directory exits with code 3; an
+    undefined MRI (a baseline at 0 accuracy) is shown as n/a (null in --json)."""
+    from fedgmr.experiment.metrics import PLOT_FIELDS, compare_runs, read_run_metrics
+    from fedgmr.experiment.plots import check_plot_path, write_plot
 
     try:
+        if plot is not None:
+            check_plot_path(plot, "--plot")
         result = compare_runs(runs, t_star, target, span=window)
         if plot is not None:
-            plot_runs([(r["method"], read_metrics(r["run"])) for r in result["runs"]], plot, t_star=t_star)
+            write_plot([(r["method"], read_run_metrics(r["run"], PLOT_FIELDS)) for r in result["runs"]], plot,
+                       "--plot", t_star=t_star)
     except FedGMRError as exc:
         _fail(exc)
         return
     if as_json:
-        typer.echo(json.dumps(result, indent=2, default=lambda v: None))
+        typer.echo(json.dumps(_json_safe(result), indent=2, default=lambda v: None))
     else:
         typer.echo(format_compare(result), nl=False)
 
@@ -154,19 +197,20 @@ def plot(
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write"),
     t_star: Optional[float] = typer.Option(None, "--t-star"),
 ) -> None:
-    """Plot accuracy and average density against virtual time for several runs."""
-    from fedgmr.experiment.metrics import read_metrics
-    from fedgmr.experiment.plots import plot_runs
+    """Plot accuracy and average density against virtual time for several runs. A missing
+    or damaged run directory exits with code 3, an unwritable --out with code 1."""
+    from fedgmr.experiment.metrics import PLOT_FIELDS, read_run_metrics, run_label
+    from fedgmr.experiment.plots import check_plot_path, write_plot
 
     try:
-        rows = []
-        for d in runs:
-            summary = Path(d) / "summary.json"
-            label = json.loads(summary.read_text())["method"] if summary.exists() else Path(d).name
-            rows.append((label, read_metrics(d)))
-        plot_runs(rows, out, t_star=t_star)
+        if t_star is not None and not (math.isfinite(t_star) and t_star >= 0):
+            raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 (got {t_star})")
+        check_plot_path(out, "--out")
+        rows = [(run_label(d), read_run_metrics(d, PLOT_FIELDS)) for d in runs]
+        write_plot(rows, out, "--out", t_star=t_star)
     except FedGMRError as exc:
         _fail(exc)
+        return
     typer.echo(str(out))
 
 
@@ -183,6 +227,7 @@ def demo(
 
     t0 = time.perf_counter()
     dirs = []
+    cfg, method = None, "fedgmr"
     try:
         for method in ("fedgmr", "fedavg", "fedgmr_wo_gmr"):
             cfg = resolve("quickstart", [*set_, f"method={method}"])
@@ -198,6 +243,9 @@ def demo(
     except FedGMRError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:
+        typer.echo(_interrupted_message(cfg, out / method), err=True)
+        raise typer.Exit(130)
     typer.echo(format_compare(result), nl=False)
     typer.echo(f"plot: {out / 'compare.png'}  (total wall time {time.perf_counter() - t0:.1f}s)")
 
@@ -214,6 +262,156 @@ def show_config(
         typer.echo(dump_config(resolve(config, set_)), nl=False)
     except FedGMRError as exc:
         _fail(exc)
+
+
+@app.command()
+def sweep(
+    sweep_file: Path = typer.Argument(..., help="sweep file (YAML): base config, overrides and a grid of keys"),
+    out: Path = typer.Option(..., "--out", "-o", help="sweep directory: one run directory per cell + sweep.json"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="cells run at once (default: CPU cores)"),
+    executor: str = typer.Option("local", "--executor", help="local (processes) or ray (cells as Ray tasks)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (default: the "
+                                              "base config's run.ray_address, else a local Ray)"),
+    set_: list[str] = typer.Option([], "--set", "-s", help="override a key in every cell (after the sweep file's "
+                                   "set, before its grid): --set data.root=/data/femnist"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and what a rerun would do; run nothing"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
+) -> None:
+    """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
+    from fedgmr.experiment.sweep import _cell_state, expand, load_sweep, resolve_cells, run_sweep
+
+    try:
+        if executor not in ("local", "ray"):
+            raise ConfigError(f"--executor must be local or ray, got '{executor}'")
+        spec, root = load_sweep(sweep_file, overrides=set_)
+        if dry_run:
+            cells = expand(spec, root)
+            resolve_cells(cells)
+            for cell in cells:
+                state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
+                typer.echo(f"{state:8s} {cell.name}")
+            typer.echo(f"{len(cells)} cells -> {out}")
+            return
+        if executor == "ray" and ray_address is None:
+            cells = expand(spec, root)
+            resolve_cells(cells)
+            ray_address = cells[0].config.run.ray_address  # type: ignore[union-attr]
+        display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
+        with display:
+            outcome = run_sweep(spec, Path(sweep_file), root, out, jobs=jobs, executor=executor,  # type: ignore
+                                ray_address=ray_address, on_event=display.event)
+    except FedGMRError as exc:
+        _fail(exc)
+        return
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: rerun the same command to continue ({out / 'sweep.json'})", err=True)
+        raise typer.Exit(130)
+    done = sum(c.status == "done" for c in outcome.cells)
+    typer.echo(f"sweep {spec.name}: {done}/{len(outcome.cells)} cells done ({len(outcome.skipped)} already "
+               f"finished, {len(outcome.resumed)} resumed) in {outcome.wall_s:.1f}s wall -> {out}")
+    if outcome.failed:
+        for cell in outcome.failed:
+            typer.echo(f"  failed {cell.name}: {cell.error}", err=True)
+        typer.echo(f"error: {len(outcome.failed)} of {len(outcome.cells)} cells failed "
+                   f"(logs in {out / 'logs'})", err=True)
+        raise typer.Exit(1)
+
+
+class _SweepDisplay:
+    """One progress display for a whole sweep: a rich bar on a terminal, else a line per
+    finished cell (so logs under nohup, SLURM or CI show progress)."""
+
+    def __init__(self, enabled: bool, live: bool) -> None:
+        self.enabled, self.live, self.bar, self.task = enabled, live and enabled, None, None
+        self.running: set[str] = set()
+
+    def __enter__(self) -> "_SweepDisplay":
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=None)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("sweep", total=None, info="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def event(self, kind: str, cell: Any, finished: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if kind == "start":
+            self.running.add(cell.name)
+        else:
+            self.running.discard(cell.name)
+        if self.bar is not None:
+            info = f"running: {', '.join(sorted(self.running))[:80]}" if self.running else ""
+            self.bar.update(self.task, total=total, completed=finished, info=info)
+            if kind == "fail":
+                self.bar.console.print(f"[red]failed[/red] {cell.name}: {cell.error}")
+            return
+        if kind == "start":
+            return
+        acc = cell.result.get("acc_at_t_star", cell.result.get("final_accuracy"))
+        what = {"skip": "skipped (done)", "done": "done", "fail": "failed"}[kind]
+        line = f"[{finished}/{total}] {what:15s} {cell.name}"
+        if kind == "fail":
+            line += f": {cell.error}"
+        elif acc is not None:
+            line += f"  acc {100 * acc:.2f}%"
+        typer.echo(line, err=True)
+
+
+@app.command()
+def table(
+    dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
+    t_star: float = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*"),
+    fmt: str = typer.Option("md", "--format", "-f", help="md, latex or csv"),
+    rows: str = typer.Option("method", "--rows", help="config keys for rows, comma-separated"),
+    cols: Optional[str] = typer.Option(None, "--cols", help="config keys for columns, comma-separated "
+                                       "(default: every other key that varies, e.g. heterogeneity,partition)"),
+    target: Optional[float] = typer.Option(None, "--target", help="also tabulate time and MB up/down to this "
+                                           "accuracy (0-1)"),
+    window: Optional[float] = typer.Option(None, "--window", help="Acc@t* half-window in virtual seconds "
+                                           "(default: 10 x each run's evaluation interval)"),
+    mri_of: str = typer.Option("fedgmr", "--mri-of", help="method of the MRI row"),
+    baselines: str = typer.Option(",".join(("fedavg", "fedasync", "heterofl", "fedrolex", "fjord", "fiarse")),
+                                  "--baselines", help="methods the MRI is computed over (those present)"),
+    value: str = typer.Option("acc", "--value", help="what cells show: acc (Acc@t*), final (final accuracy) or "
+                              "time (virtual time at the run's end, e.g. for a fixed number of rounds)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table to this file"),
+) -> None:
+    """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
+    from fedgmr.experiment.table import build_table, find_runs, read_run, render
+
+    try:
+        if fmt not in ("md", "latex", "csv"):
+            raise ConfigError(f"--format must be md, latex or csv, got '{fmt}'")
+        if value not in ("acc", "final", "time"):
+            raise ConfigError(f"--value must be acc, final or time, got '{value}'")
+        paths = find_runs(dirs)
+        unfinished = [p for p in paths if not (p / "summary.json").exists()]
+        if unfinished:
+            typer.echo(f"note: {len(unfinished)} unfinished run(s) left out: "
+                       f"{', '.join(str(p) for p in unfinished[:3])}{' ...' if len(unfinished) > 3 else ''}", err=True)
+        runs = [read_run(p) for p in paths if p not in unfinished]
+        result = build_table(runs, t_star, rows=[k.strip() for k in rows.split(",") if k.strip()],
+                             cols=None if cols is None else [k.strip() for k in cols.split(",") if k.strip()],
+                             target=target, span=window, mri_of=mri_of or None,
+                             baselines=[b.strip() for b in baselines.split(",") if b.strip()],
+                             value=value)  # type: ignore[arg-type]
+        text = render(result, fmt)  # type: ignore[arg-type]
+        if out is not None:
+            try:
+                out.write_text(text)
+            except OSError as exc:
+                raise FedGMRError(f"cannot write {out}: {exc.strerror}") from None
+    except FedGMRError as exc:
+        _fail(exc)
+        return
+    typer.echo(text, nl=False)
 
 
 @app.command()
@@ -237,6 +435,9 @@ def presets() -> None:
 
 
 def main() -> None:
+    from fedgmr.experiment.sweep import die_with_parent
+
+    die_with_parent()  # a cell of a sweep ends with its sweep
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app()
 

@@ -1,6 +1,7 @@
 """The `fedgmr` commands shown in README.md and docs/ parse and resolve as written.
 
-Listing commands (`methods`, `presets`, `config ...`) run exactly as written. A `run`
+Listing commands (`methods`, `presets`, `config ...`) run exactly as written; a `sweep`
+runs with `--dry-run` (its file is read and every cell resolved). A `run`
 command is checked by resolving the same preset/file and `--set` overrides with
 `fedgmr config` (a full run of a preset takes minutes); placeholders such as
 `/path/to/...` and `runs/...` directories that need an earlier run are skipped.
@@ -53,6 +54,8 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
     sub = args[0]
     if sub in ("methods", "presets", "config"):
         check = args
+    elif sub == "sweep":  # every cell resolves; nothing runs
+        check = args + ([] if "--dry-run" in args else ["--dry-run"])
     elif sub == "run" and "--resume" not in args and not (args[1].endswith((".yaml", ".toml"))
                                                           and not (REPO / args[1]).exists()):
         sets = [a for i, a in enumerate(args) if i > 0 and args[i - 1] in ("--set", "-s")]

@@ -1,4 +1,10 @@
-"""The evaluation protocol (SPEC 9): Acc@t*, MRI and time-to-accuracy."""
+"""The evaluation protocol (SPEC 9): Acc@t*, MRI and time-to-accuracy.
+
+Reading run directories for ``compare`` and ``plot``: a missing directory, an empty or
+damaged ``metrics.jsonl`` (a record that is not a JSON object, lacks ``time`` /
+``accuracy``, holds a non-number, or goes back in time) or an unreadable ``summary.json`` /
+``config.yaml`` is a :class:`~fedgmr.errors.RunDirError` naming the file (and line).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedgmr.errors import FedGMRError
+from fedgmr.errors import ConfigError, RunDirError
+
+#: the record fields ``compare`` needs; ``plot`` also needs ``avg_density``
+COMPARE_FIELDS = ("time", "accuracy")
+PLOT_FIELDS = ("time", "accuracy", "avg_density")
 
 
 def acc_at_t(times: Sequence[float], accs: Sequence[float], t_star: float, half_window: int = 10,
@@ -38,8 +48,11 @@ def acc_at_t(times: Sequence[float], accs: Sequence[float], t_star: float, half_
 
 
 def mri(acc_method: float, acc_baselines: Sequence[float]) -> float:
-    """Mean relative improvement, in percent: ``100/|B| * sum_b (A(M) - A(b)) / A(b)``."""
-    if not acc_baselines:
+    """Mean relative improvement, in percent: ``100/|B| * sum_b (A(M) - A(b)) / A(b)``.
+
+    Undefined (NaN) without baselines or when a baseline's accuracy is 0 (the relative
+    improvement over 0 has no value)."""
+    if not acc_baselines or any(b == 0 for b in acc_baselines):
         return math.nan
     return 100.0 / len(acc_baselines) * sum((acc_method - b) / b for b in acc_baselines)
 
@@ -49,67 +62,223 @@ def time_to_accuracy(times: Sequence[float], accs: Sequence[float], target: floa
     return next((t for t, a in zip(times, accs) if a >= target), math.nan)
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path} is damaged: not UTF-8 text") from None
+    except OSError as exc:
+        raise RunDirError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Read a run directory's ``metrics.jsonl``."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """Read a run directory's ``metrics.jsonl`` (one JSON object per line; may be empty)."""
+    directory = Path(run_dir)
+    if not directory.exists():
+        raise RunDirError(f"run directory {directory} does not exist")
+    if not directory.is_dir():
+        raise RunDirError(f"{directory} is a file, not a run directory")
+    path = directory / "metrics.jsonl"
     if not path.exists():
-        raise FedGMRError(f"{run_dir} has no metrics.jsonl (is it a fedgmr run directory?)")
+        raise RunDirError(f"{directory} has no metrics.jsonl (is it a fedgmr run directory?)")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                raise FedGMRError(f"{path}:{n} is not valid JSON") from None
+                raise RunDirError(f"{path}:{n} is not valid JSON") from None
+            if not isinstance(row, dict):
+                raise RunDirError(f"{path}:{n} is not a JSON object (one evaluation record per line)")
+            rows.append(row)
     return rows
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_records(rows: Sequence[dict[str, Any]], path: str | Path, fields: Sequence[str] = COMPARE_FIELDS) -> None:
+    """:class:`RunDirError` unless ``rows`` hold at least one record, each with finite
+    numbers in ``fields``, an ``accuracy`` in [0, 1] and a ``time`` that never decreases."""
+    if not rows:
+        raise RunDirError(f"{path} holds no evaluation record (did the run stop before its first evaluation?)")
+    previous = -math.inf
+    for n, row in enumerate(rows, 1):
+        for key in fields:
+            if key not in row:
+                raise RunDirError(f"{path}: record {n} has no '{key}' field (needed: {', '.join(fields)})")
+            if not _number(row[key]):
+                raise RunDirError(f"{path}: record {n} has '{key}' = {row[key]!r:.40}, expected a finite number")
+        if "accuracy" in fields and not 0 <= row["accuracy"] <= 1:
+            raise RunDirError(f"{path}: record {n} has accuracy {row['accuracy']!r}, expected a fraction in [0, 1]")
+        if "time" in fields:
+            if row["time"] < previous:
+                raise RunDirError(f"{path}: record {n} has time {row['time']!r}, before the previous record's "
+                                  f"{previous!r} (records must be in time order)")
+            previous = row["time"]
+
+
+def read_run_metrics(run_dir: str | Path, fields: Sequence[str] = COMPARE_FIELDS) -> list[dict[str, Any]]:
+    """``metrics.jsonl`` of a finished or running run, checked by :func:`check_records`."""
+    rows = read_metrics(run_dir)
+    check_records(rows, Path(run_dir) / "metrics.jsonl", fields)
+    return rows
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's ``summary.json`` ({} when there is none yet)."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return {}
+    try:
+        summary = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path} is damaged: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(summary, dict):
+        raise RunDirError(f"{path} is damaged: not a JSON object")
+    return summary
+
+
+def run_label(run_dir: str | Path) -> str:
+    """The method a run directory holds (its summary's ``method``, else the folder name)."""
+    method = read_summary(run_dir).get("method")
+    return method if isinstance(method, str) and method else Path(run_dir).name
 
 
 def run_eval_interval(run_dir: str | Path) -> float | None:
     """The evaluation grid step of a run directory (None: evaluated on a step cadence)."""
-    summary_path = Path(run_dir) / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if "eval_interval" in summary:
-            return summary["eval_interval"]
-    config_path = Path(run_dir) / "config.yaml"
-    if config_path.exists():
+    summary = read_summary(run_dir)
+    if "eval_interval" in summary:
+        value = summary["eval_interval"]
+        where: Path = Path(run_dir) / "summary.json"
+    else:
+        config_path = Path(run_dir) / "config.yaml"
+        if not config_path.exists():
+            return None
         import yaml
 
-        cfg = yaml.safe_load(config_path.read_text()) or {}
-        return (cfg.get("run") or {}).get("eval_interval")
-    return None
+        try:
+            cfg = yaml.safe_load(_read_text(config_path)) or {}
+        except yaml.YAMLError as exc:
+            raise RunDirError(f"{config_path} is damaged: {str(exc).splitlines()[0]}") from None
+        run = cfg.get("run") if isinstance(cfg, dict) else None
+        value = run.get("eval_interval") if isinstance(run, dict) else None
+        where = config_path
+    if value is not None and not (_number(value) and value > 0):
+        raise RunDirError(f"{where} is damaged: eval_interval is {value!r:.40}, expected a number > 0 or null")
+    return value
+
+
+#: keys that say how a run was executed, not what it computed (and the seed): runs that
+#: differ only in these are seeds of one experiment
+EXECUTION_KEYS = frozenset({"seed", "data.root", "run.executor", "run.workers", "run.torch_threads",
+                            "run.ray_address", "run.checkpoint_every", "run.checkpoint_seconds"})
+
+
+def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config tree as dotted keys (``options`` mappings stay one value)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key != "options":
+            flat.update(flatten_config(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _run_config(run_dir: str | Path) -> dict[str, Any] | None:
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def experiment_identity(run_dir: str | Path) -> str | None:
+    """What a run computed, seed aside (None when the run has no readable config):
+    runs with the same identity are seeds of one experiment."""
+    cfg = _run_config(run_dir)
+    if cfg is None:
+        return None
+    flat = {k: v for k, v in flatten_config(cfg).items() if k not in EXECUTION_KEYS}
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+def _seed_of(run_dir: str | Path) -> Any:
+    cfg = _run_config(run_dir)
+    return None if cfg is None else cfg.get("seed")
 
 
 def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | None = None,
                  span: float | None = None) -> dict[str, Any]:
-    """Acc@t* per run, MRI of the first run over the others, time-to-accuracy.
+    """Acc@t* per experiment, MRI of the first over the others, time-to-accuracy.
+
+    Runs that differ only in their seed (and in how they were executed) are one row: its
+    Acc@t* is the mean of each seed's Acc@t*, ± the sample std across seeds
+    (``std_kind: "seeds"``). A row of one run shows the std of the evaluations in its
+    window (``std_kind: "window"``). The first row is the method, the others baselines.
 
     Each run's Acc@t* window is ``t* ± 10Δ`` with Δ its evaluation grid step (the index
     window for step-cadence runs), or ``t* ± span`` seconds for every run when ``span`` is
     given. ``target`` defaults to 90 % of the lowest best accuracy among the runs, so
     every run reaches it.
     """
+    if not run_dirs:
+        raise ConfigError("give at least one run directory")
+    if not _number(t_star) or t_star < 0:
+        raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 in virtual seconds (got {t_star})")
+    if span is not None and not (_number(span) and span > 0):
+        raise ConfigError(f"invalid value for '--window': must be a finite number of seconds > 0 (got {span})")
+    if target is not None and not (_number(target) and 0 < target <= 1):
+        raise ConfigError(f"invalid value for '--target': must be an accuracy in (0, 1] (got {target})")
     runs = []
     for d in run_dirs:
-        rows = read_metrics(d)
-        summary_path = Path(d) / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        rows = read_run_metrics(d)
         times = [r["time"] for r in rows]
         accs = [r["accuracy"] for r in rows]
-        runs.append({"dir": str(d), "method": summary.get("method", Path(d).name), "times": times, "accs": accs,
-                     "final_accuracy": accs[-1] if accs else math.nan, "end_time": times[-1] if times else 0.0,
-                     "interval": run_eval_interval(d)})
+        runs.append({"dir": str(d), "method": run_label(d), "times": times, "accs": accs,
+                     "final_accuracy": accs[-1], "end_time": times[-1], "interval": run_eval_interval(d),
+                     "identity": experiment_identity(d), "seed": _seed_of(d)})
     if target is None:
         target = 0.9 * min(max(r["accs"]) for r in runs)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for i, r in enumerate(runs):  # seeds of one experiment form one row, in order of first appearance
+        groups.setdefault(r["identity"] or f"#{i}", []).append(r)
     table = []
-    for r in runs:
-        mean, std = acc_at_t(r["times"], r["accs"], t_star, interval=r["interval"], span=span)
-        table.append({"run": r["dir"], "method": r["method"], "acc_at_t": mean, "std": std,
-                      "final_accuracy": r["final_accuracy"], "end_time": r["end_time"],
-                      "window": (span if span is not None else 10 * r["interval"] if r["interval"] else None),
-                      "time_to_target": time_to_accuracy(r["times"], r["accs"], target)})
+    for members in groups.values():
+        per_seed = [acc_at_t(r["times"], r["accs"], t_star, interval=r["interval"], span=span) for r in members]
+        ttas = [time_to_accuracy(r["times"], r["accs"], target) for r in members]
+        reached = [t for t in ttas if not math.isnan(t)]
+        first = members[0]
+        if len(members) > 1:
+            values = np.asarray([m for m, _ in per_seed], dtype=float)
+            mean, std, kind = float(values.mean()), float(values.std(ddof=1)), "seeds"
+        else:
+            (mean, std), kind = per_seed[0], "window"
+        table.append({"run": first["dir"], "runs": [m["dir"] for m in members],
+                      "seeds": [m["seed"] for m in members], "n": len(members), "method": first["method"],
+                      "acc_at_t": mean, "std": std, "std_kind": kind, "per_seed": [m for m, _ in per_seed],
+                      "final_accuracy": float(np.mean([m["final_accuracy"] for m in members])),
+                      "end_time": float(np.mean([m["end_time"] for m in members])),
+                      "window": (span if span is not None else 10 * first["interval"] if first["interval"] else None),
+                      "time_to_target": float(np.mean(reached)) if reached else math.nan,
+                      "reached_target": len(reached)})
     first = table[0]["acc_at_t"]
     others = [row["acc_at_t"] for row in table[1:]]
-    value = mri(first, others) if others and not any(math.isnan(v) for v in [first, *others]) else math.nan
-    return {"t_star": t_star, "target": target, "runs": table, "mri": value,
+    value, note = math.nan, None
+    if not others:
+        note = "no baseline run given"
+    elif any(math.isnan(v) for v in [first, *others]):
+        missing = [row["method"] for row in table if math.isnan(row["acc_at_t"])]
+        note = f"no Acc@t* for {', '.join(missing)} (the run ends before t* or has no evaluation in the window)"
+    elif any(v == 0 for v in others):
+        zero = [row["method"] for row in table[1:] if row["acc_at_t"] == 0]
+        note = f"undefined: Acc@t* of {', '.join(zero)} is 0 (no relative improvement over 0)"
+    else:
+        value = mri(first, others)
+    return {"t_star": t_star, "target": target, "runs": table, "mri": value, "mri_note": note,
             "mri_of": table[0]["method"], "over": [row["method"] for row in table[1:]]}

@@ -1,0 +1,473 @@
+"""Grids of runs: ``fedgmr sweep SWEEP.yaml --out DIR``.
+
+A sweep file names a base config (a preset or a config file), overrides for every cell,
+and a grid of config keys; each point of the grid is a *cell*, an ordinary run directory
+``DIR/<cell name>``. The sweep keeps an index, ``DIR/sweep.json``, with every cell's
+overrides, status and headline figures, rewritten atomically as cells finish.
+
+Cells run as ``fedgmr run`` processes (``jobs`` at a time), or as Ray tasks on a cluster.
+A rerun skips finished cells, resumes interrupted ones from their checkpoints and starts
+the rest; a failing cell is recorded with its error and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedgmr.config import ExperimentConfig, dump_config, parse_value, read_config_file, set_dotted
+from fedgmr.errors import ConfigError, FedGMRError
+
+INDEX_FILE = "sweep.json"
+CONFIG_DIR = "configs"
+LOG_DIR = "logs"
+#: environment variable naming the sweep's pid: a cell process dies with its sweep
+PARENT_ENV = "FEDGMR_PARENT_PID"
+
+Status = Literal["pending", "running", "done", "failed"]
+
+
+class CaseSpec(BaseModel):
+    """One named set of overrides: a value of the sweep's ``cases`` axis."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(min_length=1)
+    set: dict[str, Any] = Field(default_factory=dict)
+
+
+class SweepSpec(BaseModel):
+    """A sweep file.
+
+    base: a preset name or a config file (relative to the sweep file); a list makes the
+        base config one more axis of the grid (``preset``).
+    set: overrides applied to every cell (dotted keys).
+    grid: the axes: dotted config keys, each with a list of values; the cells are the
+        product of the axes in the order written.
+    cases: optional named override sets, one more axis, for variants that change several
+        keys at once (e.g. an ablation).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "sweep"
+    base: str | list[str] = "quickstart"
+    set: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    cases: list[CaseSpec] = Field(default_factory=list)
+
+    @field_validator("grid")
+    @classmethod
+    def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in v.items():
+            if not values:
+                raise ValueError(f"axis '{key}' has no values")
+            if len({json.dumps(x, sort_keys=True) for x in values}) != len(values):
+                raise ValueError(f"axis '{key}' repeats a value")
+        return v
+
+    @field_validator("base")
+    @classmethod
+    def _base(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError("a list of base configs must be non-empty and without repeats")
+        return v
+
+
+@dataclass
+class Cell:
+    """One run of the sweep."""
+
+    name: str
+    base: str
+    overrides: dict[str, Any]
+    config: ExperimentConfig | None = None
+    status: Status = "pending"
+    error: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def index_entry(self) -> dict[str, Any]:
+        return {"name": self.name, "base": self.base, "overrides": self.overrides, "status": self.status,
+                "error": self.error, **self.result}
+
+
+#: the paper's tables as sweep files, shipped with the package (``fedgmr sweep table1``)
+SHIPPED = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def shipped_sweeps() -> list[str]:
+    """Names of the shipped sweep files (``table1``, ``paper/table1_femnist``, ...)."""
+    return sorted(str(p.relative_to(SHIPPED).with_suffix("")) for p in SHIPPED.rglob("*.yaml"))
+
+
+def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> tuple[SweepSpec, Path]:
+    """Read and validate a sweep file (a path, or the name of a shipped one); ConfigError
+    naming the key on a bad file. ``overrides`` (``key=value`` strings, e.g. from
+    ``--set``) join the file's ``set``."""
+    path = Path(path)
+    if not path.is_file() and str(path) in shipped_sweeps():
+        path = SHIPPED / f"{path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path} does not exist (shipped sweeps: {', '.join(shipped_sweeps())})")
+    raw = read_config_file(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep file {path}: the top level must be a mapping (name, base, set, grid, cases)")
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "<root>"
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"sweep file {path}: unknown key '{key}' (keys: name, base, set, grid, cases)") from None
+        raise ConfigError(f"sweep file {path}: invalid '{key}': {first['msg'].removeprefix('Value error, ')}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got '{item}'")
+        key, value = item.split("=", 1)
+        if key.strip() in spec.grid:
+            raise ConfigError(f"--set {key.strip()}: it is an axis of the sweep's grid")
+        spec.set[key.strip()] = parse_value(value)
+    return spec, path.parent
+
+
+def _short(key: str, keys: Iterable[str]) -> str:
+    """The last component of a dotted key, or the whole key where that is ambiguous."""
+    last = key.rsplit(".", 1)[-1]
+    return last if sum(k.rsplit(".", 1)[-1] == last for k in keys) == 1 else key
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, list):
+        text = "+".join(_label(v) for v in value)
+    elif isinstance(value, dict):
+        text = "+".join(f"{k}-{_label(v)}" for k, v in value.items())
+    else:
+        text = str(value)
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", text)
+
+
+def expand(spec: SweepSpec, root: Path) -> list[Cell]:
+    """The sweep's cells, in grid order, each with its overrides and a readable name
+    built from the axes that take more than one value (``method=fedgmr,seed=0``)."""
+    bases = spec.base if isinstance(spec.base, list) else [spec.base]
+    axes: list[tuple[str, list[Any]]] = []
+    if len(bases) > 1:
+        axes.append(("preset", bases))
+    if spec.cases:
+        axes.append(("case", [c.label for c in spec.cases]))
+    axes.extend(spec.grid.items())
+    named = [k for k, values in axes if len(values) > 1]
+    cases = {c.label: c.set for c in spec.cases}
+    cells = []
+    for point in itertools.product(*(values for _, values in axes)):
+        chosen = dict(zip((k for k, _ in axes), point))
+        base = chosen.pop("preset", bases[0])
+        overrides = dict(spec.set)
+        overrides.update(cases.get(chosen.pop("case", None), {}))  # type: ignore[arg-type]
+        overrides.update(chosen)
+        parts = [f"{_short(k, named)}={_label(v)}" for k, v in zip((k for k, _ in axes), point) if k in named]
+        cells.append(Cell(",".join(parts) or "run", _resolve_base(base, root), overrides))
+    if len({c.name for c in cells}) != len(cells):
+        raise ConfigError("two cells of the sweep would share a directory name: make the axis values distinct")
+    return cells
+
+
+def _resolve_base(base: str, root: Path) -> str:
+    """A config file relative to the sweep file, or a preset name."""
+    candidate = root / base
+    return str(candidate.resolve()) if candidate.is_file() else base
+
+
+def resolve_cells(cells: list[Cell]) -> None:
+    """Validate every cell's config up front: a bad cell is a ConfigError naming it,
+    before anything runs."""
+    from fedgmr.cli import load_raw_config
+    from fedgmr.methods import resolve_config
+
+    for cell in cells:
+        try:
+            raw = load_raw_config(cell.base)
+            for key, value in cell.overrides.items():
+                set_dotted(raw, key, value)
+            cell.config = resolve_config(raw, cell.overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep cell {cell.name}: {exc}") from None
+
+
+# ---------------------------------------------------------------------- the run loop
+@dataclass
+class SweepOutcome:
+    """What a sweep pass did."""
+
+    cells: list[Cell]
+    skipped: list[str]
+    resumed: list[str]
+    wall_s: float
+
+    @property
+    def failed(self) -> list[Cell]:
+        return [c for c in self.cells if c.status == "failed"]
+
+
+def _write_index(out: Path, spec: SweepSpec, sweep_file: Path, cells: list[Cell]) -> None:
+    data = {"name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
+            "cells": [c.index_entry() for c in cells]}
+    tmp = out / f".{INDEX_FILE}.tmp"
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, out / INDEX_FILE)
+
+
+#: run keys that say how a cell is executed: changing them does not make a cell stale
+_EXECUTION_RUN_KEYS = ("executor", "workers", "torch_threads", "ray_address", "checkpoint_every",
+                       "checkpoint_seconds")
+
+
+def _what_it_computes(cfg: ExperimentConfig) -> dict[str, Any]:
+    data = cfg.model_dump(mode="json")
+    for key in _EXECUTION_RUN_KEYS:
+        data["run"].pop(key, None)
+    data["data"].pop("root", None)
+    return data
+
+
+def same_experiment(saved: Path, cfg: ExperimentConfig) -> bool:
+    """Whether the run directory's config.yaml computes the same experiment as ``cfg``
+    (keys added to the library since, with their defaults, and execution keys aside)."""
+    from fedgmr.config import parse_config
+
+    try:
+        return _what_it_computes(parse_config(read_config_file(saved))) == _what_it_computes(cfg)
+    except FedGMRError:
+        return False
+
+
+def _cell_state(cell_dir: Path, cfg: ExperimentConfig) -> Literal["new", "done", "resume", "restart", "changed"]:
+    """What a rerun must do with a cell's directory."""
+    if not cell_dir.exists() or not any(cell_dir.iterdir()):
+        return "new"
+    saved = cell_dir / "config.yaml"
+    if saved.exists() and not same_experiment(saved, cfg):
+        return "changed"
+    if (cell_dir / "summary.json").exists() and saved.exists():
+        summary = _read_json(cell_dir / "summary.json")
+        if summary is not None and summary.get("status", "completed") != "failed":
+            return "done"
+        return "restart"  # a run that failed (exit 5) starts again rather than resuming
+    if (cell_dir / "checkpoint" / "state.json").exists():
+        return "resume"
+    return "restart"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _headline(cell_dir: Path) -> dict[str, Any]:
+    summary = _read_json(cell_dir / "summary.json") or {}
+    keys = ("final_accuracy", "acc_at_t_star", "t_star", "time", "steps", "wall_time_s")
+    return {k: summary.get(k) for k in keys if k in summary}
+
+
+def cell_command(cell: Cell, out: Path, state: str) -> list[str]:
+    """The ``fedgmr run`` command line for a cell in the given state."""
+    cell_dir = out / cell.name
+    if state == "resume":
+        return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q"]
+    cmd = [sys.executable, "-m", "fedgmr", "run", str(out / CONFIG_DIR / f"{cell.name}.yaml"),
+           "--out", str(cell_dir), "-q"]
+    return cmd + (["--overwrite"] if state == "restart" else [])
+
+
+def _last_error(log_path: Path) -> str:
+    """The last ``error:`` line of a cell's log, else its last line."""
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return (errors or lines or ["exited without output"])[-1]
+
+
+def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: int | None = None,
+              executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
+              on_event: Callable[[str, Cell, int, int], None] | None = None) -> SweepOutcome:
+    """Run (or continue) the sweep into ``out``; returns what this pass did.
+
+    ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
+    ``fail`` events, for a progress display."""
+    cells = expand(spec, root)
+    resolve_cells(cells)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_DIR).mkdir(exist_ok=True)
+    (out / LOG_DIR).mkdir(exist_ok=True)
+    notify = on_event or (lambda *a: None)
+    t0 = time.perf_counter()
+    todo: list[tuple[Cell, str]] = []
+    skipped: list[str] = []
+    resumed: list[str] = []
+    for cell in cells:
+        (out / CONFIG_DIR / f"{cell.name}.yaml").write_text(dump_config(cell.config))  # type: ignore[arg-type]
+        state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
+        if state == "done":
+            cell.status, cell.result = "done", _headline(out / cell.name)
+            skipped.append(cell.name)
+        elif state == "changed":
+            cell.status = "failed"
+            cell.error = (f"{out / cell.name} holds a run with a different config: remove it to rerun this cell "
+                          "with the sweep file's settings")
+        else:
+            if state == "resume":
+                resumed.append(cell.name)
+            todo.append((cell, state))
+    finished = len(cells) - len(todo)
+    for cell in cells:
+        if cell.status in ("done", "failed"):
+            notify("skip" if cell.status == "done" else "fail", cell, finished, len(cells))
+    _write_index(out, spec, sweep_file, cells)
+    if executor == "ray":
+        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify)
+    else:
+        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify)
+    return SweepOutcome(cells, skipped, resumed, time.perf_counter() - t0)
+
+
+def _finish(cell: Cell, out: Path, rc: int, error: str | None) -> None:
+    if rc == 0 and (out / cell.name / "summary.json").exists():
+        cell.status, cell.error, cell.result = "done", None, _headline(out / cell.name)
+    else:
+        cell.status, cell.error = "failed", error or f"exit code {rc}"
+
+
+def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[Cell], spec: SweepSpec,
+               sweep_file: Path, notify: Callable[[str, Cell, int, int], None]) -> None:
+    env = {**os.environ, PARENT_ENV: str(os.getpid()), "FEDGMR_PROGRESS": "0"}
+    queue = list(todo)
+    running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
+    finished = len(cells) - len(todo)
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                cell, state = queue.pop(0)
+                log = open(out / LOG_DIR / f"{cell.name}.log", "a")
+                proc = subprocess.Popen(cell_command(cell, out, state), stdout=log, stderr=subprocess.STDOUT,
+                                        env=env)
+                running[proc] = (cell, log)
+                cell.status = "running"
+                notify("start", cell, finished, len(cells))
+            _write_index(out, spec, sweep_file, cells)
+            while not any(p.poll() is not None for p in running):
+                time.sleep(0.2)
+            for proc in [p for p in running if p.poll() is not None]:
+                cell, log = running.pop(proc)
+                log.close()
+                _finish(cell, out, proc.returncode, _last_error(out / LOG_DIR / f"{cell.name}.log")
+                        if proc.returncode else None)
+                finished += 1
+                notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
+            _write_index(out, spec, sweep_file, cells)
+    finally:
+        # an interrupted sweep stops its cells (each resumes from its checkpoint next time)
+        for proc, (cell, log) in running.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, (cell, log) in running.items():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+            if cell.status == "running":
+                cell.status = "pending"
+        _write_index(out, spec, sweep_file, cells)
+
+
+def _ray_cell(cmd: list[str], log_path: str) -> tuple[int, str | None]:
+    """Run one cell's command on a Ray worker (the run directory must be on storage
+    every node shares)."""
+    with open(log_path, "a") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "FEDGMR_PROGRESS": "0"}).returncode
+    return rc, (_last_error(Path(log_path)) if rc else None)
+
+
+def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells: list[Cell], spec: SweepSpec,
+             sweep_file: Path, notify: Callable[[str, Cell, int, int], None]) -> None:
+    from fedgmr.sim.executors import _import_ray
+
+    ray = _import_ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(num_cpus=1)(_ray_cell)
+    finished = len(cells) - len(todo)
+    refs = {}
+    try:
+        for cell, state in todo:
+            refs[remote.remote(cell_command(cell, out, state), str(out / LOG_DIR / f"{cell.name}.log"))] = cell
+            cell.status = "running"
+            notify("start", cell, finished, len(cells))
+        _write_index(out, spec, sweep_file, cells)
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                cell = refs.pop(ref)
+                try:
+                    rc, error = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a lost worker fails its cell only
+                    rc, error = 1, f"ray task failed: {str(exc).splitlines()[0]}"
+                _finish(cell, out, rc, error)
+                finished += 1
+                notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
+            _write_index(out, spec, sweep_file, cells)
+    finally:
+        for ref, cell in refs.items():
+            ray.cancel(ref, force=True)
+            cell.status = "pending"
+        _write_index(out, spec, sweep_file, cells)
+        if started:
+            ray.shutdown()
+
+
+def read_index(out: str | Path) -> dict[str, Any]:
+    """A sweep directory's index (``sweep.json``)."""
+    data = _read_json(Path(out) / INDEX_FILE)
+    if data is None:
+        raise FedGMRError(f"{out} has no readable {INDEX_FILE}: not a sweep directory")
+    return data
+
+
+def die_with_parent() -> None:
+    """In a cell process: exit when the sweep that started it dies (Linux: the kernel's
+    parent-death signal; elsewhere a check at start). Called by the CLI at start-up."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not inherited by this process's own children
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl
+            pass
+    if str(os.getppid()) != parent:  # the sweep died before we could ask
+        raise SystemExit(143)
+
+
+__all__ = ["SHIPPED", "shipped_sweeps", "SweepSpec", "CaseSpec", "Cell", "SweepOutcome", "load_sweep", "expand", "resolve_cells", "run_sweep",
+           "read_index", "cell_command", "die_with_parent", "INDEX_FILE"]

@@ -1,0 +1,342 @@
+"""Paper-style tables over many runs: ``fedgmr table DIR... --t-star T``.
+
+Runs are grouped by every config key except the seed (and keys that only say *how* a run
+was executed, such as the executor or the data path); a cell shows the mean ± sample
+standard deviation, across seeds, of each seed's Acc@t*. Rows and columns are chosen
+config keys (default: rows by method, columns by whatever else varies); the best mean
+of each column is bold, and an MRI row compares one method with a set of baselines on
+the cell means.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+import numpy as np
+import yaml
+
+from fedgmr.errors import ConfigError, FedGMRError
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, flatten_config, mri, read_metrics,
+                                      time_to_accuracy)
+
+#: the paper's six baselines: the default set an MRI row is computed over
+PAPER_BASELINES = ("fedavg", "fedasync", "heterofl", "fedrolex", "fjord", "fiarse")
+#: preferred column keys, in this order, when --cols is not given
+PREFERRED_COLS = ("name", "clients.heterogeneity", "data.partition")
+#: short names users type for the usual keys
+ALIASES = {"preset": "name", "task": "name"}
+
+Format = Literal["md", "latex", "csv"]
+#: what a cell shows: Acc@t*, the final accuracy, or the virtual time at the run's end
+Value = Literal["acc", "final", "time"]
+_VALUE_TITLES = {"acc": "Acc@t* (%) at t* = {t:,.0f} s", "final": "final accuracy (%)",
+                 "time": "virtual time at the end of the run (s)"}
+
+
+@dataclass
+class RunData:
+    """One run directory, read for a table."""
+
+    path: Path
+    config: dict[str, Any]
+    times: list[float]
+    accs: list[float]
+    bytes_up: list[float]
+    bytes_down: list[float]
+    interval: float | None
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed")
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+
+
+def find_runs(dirs: Sequence[str | Path]) -> list[Path]:
+    """Every run directory (one holding config.yaml and metrics.jsonl) at or under ``dirs``."""
+    found: list[Path] = []
+    for d in map(Path, dirs):
+        if not d.is_dir():
+            raise FedGMRError(f"{d} is not a directory")
+        if (d / "config.yaml").is_file() and (d / "metrics.jsonl").is_file():
+            found.append(d)
+            continue
+        hits = sorted(p.parent for p in d.rglob("metrics.jsonl")
+                      if (p.parent / "config.yaml").is_file()
+                      and not any(part.startswith(".") for part in p.relative_to(d).parts))
+        if not hits:
+            raise FedGMRError(f"{d} holds no run directory (none with config.yaml and metrics.jsonl)")
+        found.extend(hits)
+    return list(dict.fromkeys(found))
+
+
+def read_run(path: Path) -> RunData:
+    """A run's config and its evaluation series; one-line errors for a damaged run."""
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise FedGMRError(f"{path / 'config.yaml'} is unreadable: {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise FedGMRError(f"{path / 'config.yaml'} is not a fedgmr config")
+    rows = read_metrics(path)
+    if not rows:
+        raise FedGMRError(f"{path / 'metrics.jsonl'} holds no evaluation")
+    try:
+        times = [float(r["time"]) for r in rows]
+        accs = [float(r["accuracy"]) for r in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FedGMRError(f"{path / 'metrics.jsonl'}: a record lacks a numeric {exc}") from None
+    interval = (config.get("run") or {}).get("eval_interval")
+    return RunData(path, flatten_config(config), times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
+                   [float(r.get("bytes_down", math.nan)) for r in rows], interval)
+
+
+def _resolve_key(name: str, keys: Iterable[str]) -> str:
+    """A full dotted key from a short name (``heterogeneity`` -> ``clients.heterogeneity``)."""
+    name = ALIASES.get(name, name)
+    keys = list(keys)
+    if name in keys:
+        return name
+    matches = [k for k in keys if k.endswith("." + name)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigError(f"no config key '{name}' in these runs")
+    raise ConfigError(f"'{name}' is ambiguous: {', '.join(matches)}")
+
+
+def _determined(key: str, by: Sequence[str], runs: Sequence[RunData]) -> bool:
+    """True when the values of ``by`` fix the value of ``key`` in every run."""
+    seen: dict[tuple, Any] = {}
+    for r in runs:
+        ident = tuple(_hashable(r.config.get(k)) for k in by)
+        value = _hashable(r.config.get(key))
+        if seen.setdefault(ident, value) != value:
+            return False
+    return True
+
+
+@dataclass
+class Table:
+    """A computed table: per (row, column) group, the per-seed figures and their stats."""
+
+    t_star: float
+    row_keys: list[str]
+    col_keys: list[str]
+    rows: list[tuple]
+    cols: list[tuple]
+    cells: dict[tuple[tuple, tuple], dict[str, Any]]
+    mri_of: str | None
+    mri_over: list[str]
+    mri: dict[tuple, float]
+    target: float | None
+    value: Value = "acc"
+
+    @property
+    def seeds_per_cell(self) -> int:
+        counts = [c["n"] for c in self.cells.values()]
+        return max(set(counts), key=counts.count) if counts else 0
+
+
+def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("method",),
+                cols: Sequence[str] | None = None, target: float | None = None, span: float | None = None,
+                mri_of: str | None = "fedgmr", baselines: Sequence[str] = PAPER_BASELINES,
+                value: Value = "acc") -> Table:
+    """Group ``runs`` by every key but the seed and compute each cell's statistics of
+    ``value`` (Acc@t*, the final accuracy, or the end time)."""
+    if not runs:
+        raise FedGMRError("no runs to tabulate")
+    keys = sorted({k for r in runs for k in r.config})
+    varying = [k for k in keys if k not in EXECUTION_KEYS
+               and len({_hashable(r.config.get(k)) for r in runs}) > 1]
+    row_keys = [_resolve_key(k, keys) for k in rows]
+    if cols is None:
+        col_keys: list[str] = []
+        ordered = [k for k in PREFERRED_COLS if k in varying] + [k for k in varying if k not in PREFERRED_COLS]
+        for k in ordered:
+            if k not in row_keys and not _determined(k, row_keys + col_keys, runs):
+                col_keys.append(k)
+    else:
+        col_keys = [_resolve_key(k, keys) for k in cols]
+    group_keys = row_keys + col_keys
+    for k in varying:
+        if k not in group_keys and not _determined(k, group_keys, runs):
+            raise ConfigError(f"runs in one cell also differ in '{k}': add it to --rows or --cols")
+    groups: dict[tuple[tuple, tuple], list[RunData]] = {}
+    for r in runs:
+        rk = tuple(_hashable(r.config.get(k)) for k in row_keys)
+        ck = tuple(_hashable(r.config.get(k)) for k in col_keys)
+        groups.setdefault((rk, ck), []).append(r)
+    cells: dict[tuple[tuple, tuple], dict[str, Any]] = {}
+    for key, members in groups.items():
+        seeds = [m.seed for m in members]
+        if len(set(seeds)) != len(seeds):
+            dup = next(s for s in seeds if seeds.count(s) > 1)
+            paths = [str(m.path) for m in members if m.seed == dup]
+            raise ConfigError(f"two runs of one cell share seed {dup}: {', '.join(paths)}")
+        if value == "acc":
+            accs = [acc_at_t(m.times, m.accs, t_star, interval=m.interval, span=span)[0] for m in members]
+        elif value == "final":
+            accs = [m.accs[-1] for m in members]
+        else:
+            accs = [m.times[-1] for m in members]
+        cell: dict[str, Any] = {"seeds": seeds, "acc": accs, "n": len(members),
+                                "mean": float(np.mean(accs)),
+                                "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else math.nan}
+        if target is not None:
+            ttas, ups, downs = [], [], []
+            for m in members:
+                t = time_to_accuracy(m.times, m.accs, target)
+                ttas.append(t)
+                i = next((j for j, a in enumerate(m.accs) if a >= target), None)
+                ups.append(m.bytes_up[i] if i is not None else math.nan)
+                downs.append(m.bytes_down[i] if i is not None else math.nan)
+            cell.update(tta=ttas, up=ups, down=downs)
+        cells[key] = cell
+    row_vals = sorted({k[0] for k in cells}, key=lambda v: [str(x) for x in v])
+    col_vals = sorted({k[1] for k in cells}, key=lambda v: [str(x) for x in v])
+    if row_keys == ["method"]:
+        order = {m: i for i, m in enumerate((mri_of, *baselines))}
+        row_vals.sort(key=lambda v: order.get(v[0], len(order)))
+    mri_row: dict[tuple, float] = {}
+    over: list[str] = []
+    if value != "time" and mri_of is not None and row_keys == ["method"] and (mri_of,) in row_vals:
+        over = [b for b in baselines if (b,) in row_vals and b != mri_of]
+        for c in col_vals:
+            mine = cells.get(((mri_of,), c))
+            base = [cells[((b,), c)]["mean"] for b in over if ((b,), c) in cells]
+            ok = mine is not None and base and len(base) == len(over) \
+                and not any(math.isnan(x) or x <= 0 for x in base) and not math.isnan(mine["mean"])
+            mri_row[c] = mri(mine["mean"], base) if ok else math.nan  # type: ignore[index]
+    return Table(t_star, row_keys, col_keys, row_vals, col_vals, cells, mri_of if over else None, over, mri_row,
+                 target, value)
+
+
+# ---------------------------------------------------------------------- rendering
+def _label(values: tuple) -> str:
+    return " / ".join(str(v) for v in values) if values else "all"
+
+
+def _latex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"),
+                 ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
+        text = text.replace(a, b)
+    return text
+
+
+def _frame(table: Table, fmt: Format) -> Any:
+    """The Acc@t* table as a pandas DataFrame of display strings."""
+    import pandas as pd
+
+    def bold(text: str) -> str:
+        return f"**{text}**" if fmt == "md" else rf"\textbf{{{text}}}"
+
+    esc = _latex_escape if fmt == "latex" else (lambda s: s)
+    modal = table.seeds_per_cell
+    pick, scale, digits = (min, 1.0, 0) if table.value == "time" else (max, 100.0, 2)
+    best = {c: pick((table.cells[(r, c)]["mean"] for r in table.rows if (r, c) in table.cells
+                     and not math.isnan(table.cells[(r, c)]["mean"])), default=math.nan) for c in table.cols}
+    data = []
+    for r in table.rows:
+        line = []
+        for c in table.cols:
+            cell = table.cells.get((r, c))
+            if cell is None or math.isnan(cell["mean"]):
+                line.append("–" if cell is None else "n/a")
+                continue
+            text = f"{scale * cell['mean']:,.{digits}f}" + (
+                "" if math.isnan(cell["std"]) else f" ± {scale * cell['std']:,.{digits}f}")
+            if cell["n"] != modal:
+                text += f" (n={cell['n']})"
+            line.append(bold(text) if cell["mean"] == best[c] else text)
+        data.append(line)
+    index = [esc(_label(r)) for r in table.rows]
+    if table.mri_of is not None:
+        data.append(["n/a" if math.isnan(table.mri[c]) else f"{table.mri[c]:+.2f}" for c in table.cols])
+        index.append(esc(f"MRI of {table.mri_of} (%)"))
+    frame = pd.DataFrame(data, index=index, columns=[esc(_label(c)) for c in table.cols])
+    frame.index.name = esc(" / ".join(table.row_keys))
+    return frame
+
+
+def _target_frames(table: Table, fmt: Format) -> list[tuple[str, Any]]:
+    import pandas as pd
+
+    esc = _latex_escape if fmt == "latex" else (lambda s: s)
+
+    def mean_or_never(values: list[float], scale: float, digits: int) -> str:
+        reached = [v for v in values if not math.isnan(v)]
+        if not reached:
+            return "never"
+        text = f"{np.mean(reached) / scale:,.{digits}f}"
+        return text if len(reached) == len(values) else f"{text} ({len(reached)}/{len(values)} seeds)"
+
+    out = []
+    for title, key, scale, digits in (("time to target (s)", "tta", 1.0, 0), ("MB up to target", "up", 1e6, 1),
+                                      ("MB down to target", "down", 1e6, 1)):
+        data = [[mean_or_never(table.cells[(r, c)][key], scale, digits) if (r, c) in table.cells else "–"
+                 for c in table.cols] for r in table.rows]
+        frame = pd.DataFrame(data, index=[esc(_label(r)) for r in table.rows],
+                             columns=[esc(_label(c)) for c in table.cols])
+        frame.index.name = esc(" / ".join(table.row_keys))
+        out.append((title, frame))
+    return out
+
+
+def caption(table: Table) -> str:
+    """What the numbers are, in one paragraph."""
+    n = table.seeds_per_cell
+    title = _VALUE_TITLES[table.value].format(t=table.t_star)
+    text = (f"{title}: mean ± sample std (ddof = 1) across seeds of each seed's value, "
+            f"{n} seed{'s' if n != 1 else ''} per cell")
+    text += " (no ± with one seed)." if n == 1 else "."
+    text += f" Rows: {' / '.join(table.row_keys)}; columns: {' / '.join(table.col_keys) or 'all runs'}."
+    text += f" Bold: {'lowest' if table.value == 'time' else 'best'} mean in its column."
+    if table.mri_of is not None:
+        text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
+    return text
+
+
+def render(table: Table, fmt: Format = "md") -> str:
+    """The table as Markdown, LaTeX or CSV (CSV: one line per cell, raw numbers)."""
+    if fmt == "csv":
+        return _csv(table)
+    frame = _frame(table, fmt)
+    if fmt == "md":
+        parts = [caption(table), "", frame.to_markdown()]
+        if table.target is not None:
+            for title, f in _target_frames(table, fmt):
+                parts += ["", f"{title}, target accuracy {100 * table.target:.1f} %: mean over the seeds "
+                              "that reached it", "", f.to_markdown()]
+        return "\n".join(parts) + "\n"
+    parts = [f"% {caption(table)}", frame.to_latex(escape=False)]
+    if table.target is not None:
+        for title, f in _target_frames(table, fmt):
+            parts += [f"% {title}, target accuracy {100 * table.target:.1f} %", f.to_latex(escape=False)]
+    return "\n".join(parts)
+
+
+def _csv(table: Table) -> str:
+    import pandas as pd
+
+    records = []
+    for (r, c), cell in table.cells.items():
+        rec = {**dict(zip(table.row_keys, r)), **dict(zip(table.col_keys, c)), "t_star": table.t_star,
+               "value": table.value, "n_seeds": cell["n"], "mean": cell["mean"], "std": cell["std"],
+               "seeds": " ".join(str(s) for s in cell["seeds"]),
+               "per_seed": " ".join(f"{a:.6f}" for a in cell["acc"])}
+        if table.target is not None:
+            rec.update(target=table.target, time_to_target_mean=float(np.nanmean(cell["tta"]))
+                       if not all(math.isnan(t) for t in cell["tta"]) else math.nan,
+                       seeds_reaching_target=sum(not math.isnan(t) for t in cell["tta"]))
+        records.append(rec)
+    return pd.DataFrame(records).to_csv(index=False)
+
+
+__all__ = ["Value", "PAPER_BASELINES", "RunData", "Table", "find_runs", "read_run", "build_table", "render", "caption"]

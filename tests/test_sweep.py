@@ -1,0 +1,191 @@
+"""`fedgmr sweep`: grids of runs, resumable, a failing cell does not stop the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import scaled, tiny_config
+from fedgmr.errors import ConfigError
+from fedgmr.experiment.sweep import SweepSpec, expand, load_sweep, resolve_cells
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
+
+
+def _sweep_file(tmp_path: Path, grid: dict, set_: dict | None = None, **extra) -> Path:
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(tiny_config(run={"max_steps": 6, "eval_every": 2})))
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "base": "base.yaml", "set": set_ or {}, "grid": grid, **extra}))
+    return path
+
+
+def _fedgmr(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                          timeout=scaled(timeout))
+
+
+def _index(out: Path) -> dict:
+    return json.loads((out / "sweep.json").read_text())
+
+
+# ---------------------------------------------------------------------- the grid
+def test_cells_are_the_product_of_the_axes_in_order_with_readable_names(tmp_path: Path):
+    spec = SweepSpec.model_validate({"base": "quickstart", "set": {"run.max_time": 50},
+                                     "grid": {"method": ["fedgmr", "fedavg"], "seed": [0, 1],
+                                              "clients.heterogeneity": ["high"]}})
+    cells = expand(spec, tmp_path)
+    assert [c.name for c in cells] == ["method=fedgmr,seed=0", "method=fedgmr,seed=1", "method=fedavg,seed=0",
+                                       "method=fedavg,seed=1"]  # one-valued axes stay out of names
+    assert cells[3].overrides == {"run.max_time": 50, "method": "fedavg", "seed": 1, "clients.heterogeneity": "high"}
+    assert {c.base for c in cells} == {"quickstart"}
+
+
+def test_presets_and_cases_are_axes_too(tmp_path: Path):
+    spec = SweepSpec.model_validate({"base": ["quickstart", "mnist"],
+                                     "cases": [{"label": "ims", "set": {"network.ims": True}},
+                                               {"label": "no-ims", "set": {"network.ims": False}}],
+                                     "grid": {"clients.num_clients": [5, 30]}})
+    cells = expand(spec, tmp_path)
+    assert len(cells) == 8
+    assert cells[0].name == "preset=quickstart,case=ims,num_clients=5"
+    assert cells[-1].base == "mnist" and cells[-1].overrides == {"network.ims": False, "clients.num_clients": 30}
+
+
+def test_a_bad_cell_is_refused_before_anything_runs(tmp_path: Path):
+    spec = SweepSpec.model_validate({"base": "quickstart", "grid": {"training.lr": [0.1, -1.0]}})
+    cells = expand(spec, tmp_path)
+    with pytest.raises(ConfigError, match=r"sweep cell lr=-1.0: invalid value for 'training.lr'"):
+        resolve_cells(cells)
+
+
+def test_sweep_file_errors_name_the_key(tmp_path: Path):
+    path = tmp_path / "s.yaml"
+    path.write_text("base: quickstart\ngrids: {seed: [0]}\n")
+    with pytest.raises(ConfigError, match="unknown key 'grids'"):
+        load_sweep(path)
+    path.write_text("base: quickstart\ngrid: {seed: []}\n")
+    with pytest.raises(ConfigError, match="axis 'seed' has no values"):
+        load_sweep(path)
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_sweep(path)
+    proc = _fedgmr("sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "missing.yaml" in proc.stderr
+
+
+# ---------------------------------------------------------------------- running
+def test_sweep_runs_every_cell_and_a_rerun_redoes_nothing(tmp_path: Path):
+    sweep = _sweep_file(tmp_path, {"method": ["fedgmr", "fedavg"], "seed": [0, 1]})
+    out = tmp_path / "out"
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    index = _index(out)
+    assert [c["status"] for c in index["cells"]] == ["done"] * 4
+    for cell in index["cells"]:
+        summary = json.loads((out / cell["name"] / "summary.json").read_text())
+        assert summary["method"] == cell["overrides"]["method"] and summary["seed"] == cell["overrides"]["seed"]
+        assert summary["steps"] == 6 and cell["final_accuracy"] == summary["final_accuracy"]
+    stamps = {c["name"]: (out / c["name"] / "summary.json").stat().st_mtime_ns for c in index["cells"]}
+    again = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "2")
+    assert again.returncode == 0, again.stderr
+    assert "4/4 cells done (4 already finished, 0 resumed)" in again.stdout
+    assert stamps == {c: (out / c / "summary.json").stat().st_mtime_ns for c in stamps}
+
+
+def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path: Path):
+    # the mnist loader on an empty directory fails at run time, after validation
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    sweep = _sweep_file(tmp_path, {"data.name": ["digits", "mnist"]},
+                        set_={"data.root": str(empty)})
+    out = tmp_path / "out"
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "2")
+    assert proc.returncode == 1
+    assert "1 of 2 cells failed" in proc.stderr
+    cells = {c["name"]: c for c in _index(out)["cells"]}
+    assert cells["name=digits"]["status"] == "done" and (out / "name=digits" / "summary.json").exists()
+    assert cells["name=mnist"]["status"] == "failed"
+    assert cells["name=mnist"]["error"].startswith("error: ") and str(empty) in cells["name=mnist"]["error"]
+
+
+def _pids_with(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_sweep_resumes_without_redoing_finished_cells(tmp_path: Path):
+    sweep = _sweep_file(tmp_path, {"seed": [0, 1, 2]},
+                        set_={"run.max_steps": 40, "run.checkpoint_every": 2})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "sweep", str(sweep), "--out", str(out), "--jobs", "1"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + scaled(600)
+    second = out / "seed=1"
+    # kill -9 once the first cell is done and the second has written a checkpoint
+    while not ((out / "seed=0" / "summary.json").exists() and (second / "checkpoint" / "state.json").exists()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the sweep made no progress"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=scaled(60))
+    while _pids_with(str(second)):  # its running cell dies with it
+        assert time.monotonic() < deadline, "the running cell outlived its sweep"
+        time.sleep(0.1)
+    assert not (second / "summary.json").exists()
+    first = (out / "seed=0" / "summary.json").stat().st_mtime_ns
+    rerun = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "1")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "3/3 cells done (1 already finished, 1 resumed)" in rerun.stdout
+    assert (out / "seed=0" / "summary.json").stat().st_mtime_ns == first
+    steps = [json.loads(line)["step"] for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 40  # one run's records, no duplicates
+
+
+def test_sweep_cells_as_ray_tasks(tmp_path: Path):
+    pytest.importorskip("ray")
+    sweep = _sweep_file(tmp_path, {"seed": [0, 1]})
+    out = tmp_path / "out"
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--executor", "ray")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["status"] for c in _index(out)["cells"]] == ["done", "done"]
+    local = tmp_path / "local"
+    assert _fedgmr("sweep", str(sweep), "--out", str(local), "--jobs", "2").returncode == 0
+    for cell in ("seed=0", "seed=1"):  # the same seed gives the same metrics on every executor
+        assert (out / cell / "metrics.jsonl").read_text() == (local / cell / "metrics.jsonl").read_text()
+
+
+def test_every_shipped_sweep_file_resolves_to_valid_cells(tmp_path: Path):
+    from fedgmr.experiment.sweep import SHIPPED, shipped_sweeps
+
+    names = shipped_sweeps()
+    assert {"table1", "table1_shakespeare", "table3", "table7", "table8", "table9", "table11",
+            "paper/table1_femnist", "paper/table8_femnist", "paper/table9_femnist"} <= set(names)
+    for name in names:
+        spec, root = load_sweep(name, overrides=["data.root=/your/copy"] if name.startswith("paper/") else [])
+        assert root == (SHIPPED / name).parent
+        header = (SHIPPED / f"{name}.yaml").read_text().splitlines()[0]
+        assert header.startswith("# Table ") or name == "demo", name  # which table of the paper it stands for
+        cells = expand(spec, root)
+        resolve_cells(cells)
+        assert len({c.name for c in cells}) == len(cells) > 1
+    # Table 7's w/o (Buff, IMS) row changes two keys at once
+    spec, root = load_sweep("table7")
+    both = [c for c in expand(spec, root) if c.overrides.get("network.ims") is False]
+    assert both and {c.overrides["method"] for c in both} == {"fedgmr_wo_buffer"}

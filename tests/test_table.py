@@ -1,0 +1,166 @@
+"""`fedgmr table`: seeds grouped, mean ± sample std, best bold, MRI on the means.
+Hand-computed figures on run directories written here."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import scaled
+from fedgmr.errors import ConfigError
+from fedgmr.experiment.table import build_table, find_runs, read_run, render
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
+
+
+def _run(root: Path, method: str, seed: int, het: str, acc: float, extra: dict | None = None,
+         finished: bool = True) -> Path:
+    """A run directory whose accuracy is ``acc`` at every evaluation (grid Δ = 1 s)."""
+    d = root / f"{method}-{het}-{seed}"
+    d.mkdir(parents=True)
+    cfg = {"name": "t", "method": method, "seed": seed, "clients": {"heterogeneity": het},
+           "training": {"lr": 0.1}, "run": {"eval_interval": 1.0, "executor": "serial"}}
+    for key, value in (extra or {}).items():
+        section, leaf = key.split(".")
+        cfg.setdefault(section, {})[leaf] = value
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"time": float(t), "step": t, "accuracy": acc, "bytes_up": 1e6 * t, "bytes_down": 2e6 * t}
+            for t in range(0, 31)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if finished:
+        (d / "summary.json").write_text(json.dumps({"method": method}))
+    return d
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Path:
+    for het, shift in (("high", 0.0), ("low", 0.05)):
+        for seed, acc in enumerate((0.80, 0.82, 0.84)):
+            _run(tmp_path, "fedgmr", seed, het, acc + shift)
+        for seed, acc in enumerate((0.70, 0.70, 0.73)):
+            # a method's fixed settings vary with the method: not a grouping key
+            _run(tmp_path, "fedavg", seed, het, acc + 2 * shift, extra={"coordination.mode": "sync"})
+    return tmp_path
+
+
+def _table(root: Path, **kw):
+    return build_table([read_run(p) for p in find_runs([root])], t_star=10.0, **kw)
+
+
+def test_cells_are_mean_and_sample_std_across_seeds(grid: Path):
+    t = _table(grid)
+    assert t.row_keys == ["method"] and t.col_keys == ["clients.heterogeneity"]
+    gmr, avg = t.cells[(("fedgmr",), ("high",))], t.cells[(("fedavg",), ("high",))]
+    assert gmr["n"] == 3 and gmr["seeds"] == [0, 1, 2]
+    assert gmr["mean"] == pytest.approx(0.82) and gmr["std"] == pytest.approx(0.02)
+    assert avg["mean"] == pytest.approx(0.71) and avg["std"] == pytest.approx(math.sqrt(0.0003))
+    # MRI on the means: 100 * (0.82 - 0.71) / 0.71 on high; 100 * (0.87 - 0.81) / 0.81 on low
+    assert t.mri[("high",)] == pytest.approx(100 * 0.11 / 0.71)
+    assert t.mri[("low",)] == pytest.approx(100 * 0.06 / 0.81)
+    assert t.mri_over == ["fedavg"]
+
+
+def test_markdown_bolds_the_best_of_each_column_and_says_what_the_std_is(grid: Path):
+    text = render(_table(grid), "md")
+    assert "Acc@t* (%) at t* = 10 s: mean ± sample std (ddof = 1) across seeds" in text
+    assert "3 seeds per cell" in text
+    lines = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in text.splitlines()
+             if ln.startswith("| ") and not ln.startswith("| method")}
+    assert lines["fedgmr"] == ["**82.00 ± 2.00**", "**87.00 ± 2.00**"]
+    assert lines["fedavg"] == ["71.00 ± 1.73", "81.00 ± 1.73"]
+    assert lines["MRI of fedgmr (%)"] == ["+15.49", "+7.41"]
+
+
+def test_latex_escapes_and_bolds(tmp_path: Path):
+    for seed in (0, 1):
+        _run(tmp_path, "fedgmr_wo_gmr", seed, "high", 0.5)
+        _run(tmp_path, "fedasync", seed, "high", 0.6)
+    text = render(_table(tmp_path, mri_of="fedgmr_wo_gmr", baselines=["fedasync"]), "latex")
+    assert r"fedgmr\_wo\_gmr & 50.00 ± 0.00 \\" in text
+    assert r"fedasync & \textbf{60.00 ± 0.00} \\" in text
+    assert r"MRI of fedgmr\_wo\_gmr (\%) & -16.67 \\" in text
+
+
+def test_csv_has_the_raw_numbers_per_cell(grid: Path):
+    frame = pd.read_csv(io.StringIO(render(_table(grid, target=0.85), "csv")))
+    row = frame[(frame.method == "fedgmr") & (frame["clients.heterogeneity"] == "low")].iloc[0]
+    assert row.n_seeds == 3 and row["mean"] == pytest.approx(0.87) and row["std"] == pytest.approx(0.02)
+    assert row.per_seed == "0.850000 0.870000 0.890000" and row.value == "acc"
+    assert row.seeds_reaching_target == 3 and row.time_to_target_mean == 0.0
+    assert frame[(frame.method == "fedgmr") & (frame["clients.heterogeneity"] == "high")].iloc[0].seeds_reaching_target == 0
+
+
+def test_time_and_bytes_to_target(grid: Path):
+    text = render(_table(grid, target=0.83), "md")
+    # on high only seed 2 of fedgmr (0.84) reaches 0.83, at t = 0, having sent 0 bytes
+    assert "time to target (s), target accuracy 83.0 %" in text
+    assert "0 (1/3 seeds)" in text and "never" in text
+
+
+def test_runs_that_differ_in_another_key_within_a_cell_are_refused(grid: Path):
+    _run(grid, "fedgmr", 5, "high", 0.9, extra={"training.lr": 0.5})
+    with pytest.raises(ConfigError, match="differ in 'training.lr': add it to --rows or --cols"):
+        _table(grid, cols=["heterogeneity"])
+    t = _table(grid, cols=["heterogeneity", "lr"])  # as a column it is fine
+    assert t.cells[(("fedgmr",), ("high", 0.5))]["mean"] == pytest.approx(0.9)
+
+
+def test_two_runs_of_one_cell_with_one_seed_are_refused(grid: Path):
+    _run(grid / "again", "fedgmr", 0, "high", 0.5)
+    with pytest.raises(ConfigError, match="share seed 0"):
+        _table(grid)
+
+
+def test_cli_table_leaves_unfinished_runs_out_and_reports_bad_dirs(grid: Path, tmp_path: Path):
+    _run(grid, "fedgmr", 7, "high", 0.1, finished=False)
+    proc = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(grid), "--t-star", "10"],
+                          capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert proc.returncode == 0, proc.stderr
+    assert "1 unfinished run(s) left out" in proc.stderr and "**82.00 ± 2.00**" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path / "nope"), "--t-star", "10"],
+                         capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
+
+
+def test_end_time_table_bolds_the_lowest_and_has_no_mri(tmp_path: Path):
+    for seed in (0, 1):
+        _run(tmp_path, "fedgmr", seed, "high", 0.5)
+        d = _run(tmp_path, "fedgmr_wo_ims", seed, "high", 0.5)
+        lines = (d / "metrics.jsonl").read_text().splitlines()[:-10 - seed]  # ends at t = 20 or 19
+        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    t = _table(tmp_path, value="time")
+    assert t.mri_of is None and t.cells[(("fedgmr_wo_ims",), ())]["mean"] == 19.5
+    text = render(t, "md")
+    assert "virtual time at the end of the run (s)" in text and "lowest mean" in text
+    assert "| fedgmr_wo_ims | **20 ± 1** |" in text  # 19.5 ± 0.71 s, rounded to seconds
+    assert "| fedgmr        | 30 ± 0     |" in text
+
+
+def test_compare_groups_seeds_into_one_row_and_the_mri_is_over_other_methods(grid: Path):
+    from fedgmr.experiment.metrics import compare_runs
+
+    dirs = [grid / "fedgmr-high-0", grid / "fedgmr-high-1", grid / "fedavg-high-0", grid / "fedavg-high-1",
+            grid / "fedavg-high-2"]
+    result = compare_runs(dirs, t_star=10.0)
+    gmr, avg = result["runs"]
+    assert (gmr["method"], gmr["n"], gmr["seeds"], gmr["std_kind"]) == ("fedgmr", 2, [0, 1], "seeds")
+    assert gmr["acc_at_t"] == pytest.approx(0.81) and gmr["std"] == pytest.approx(math.sqrt(0.0002))
+    assert avg["n"] == 3 and avg["acc_at_t"] == pytest.approx(0.71)
+    assert result["over"] == ["fedavg"]  # the second FedGMR seed is not a baseline
+    assert result["mri"] == pytest.approx(100 * (0.81 - 0.71) / 0.71)
+    # one run per experiment: the ± is the spread inside its window, and says so
+    single = compare_runs([grid / "fedgmr-high-0", grid / "fedavg-high-0"], t_star=10.0)
+    assert [r["std_kind"] for r in single["runs"]] == ["window", "window"] and single["runs"][0]["std"] == pytest.approx(0.0, abs=1e-12)
+    proc = subprocess.run([sys.executable, "-m", "fedgmr", "compare", *map(str, dirs), "--t-star", "10"],
+                          capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 seeds (0, 1)" in proc.stdout and "across seeds" in proc.stdout and "+14.08%" in proc.stdout
