@@ -648,3 +648,25 @@ def test_ray_executor_close_kills_actors_and_stops_only_its_own_ray():
         wait_for(dead, "the actor to be killed")
     finally:
         ray.shutdown()
+
+
+def test_a_restored_strategy_reports_the_same_min_coverage():
+    """Gamma* of the last aggregation is part of the checkpoint: a record written after a
+    resume and before the next aggregation reads the same value (found by a kill/resume
+    under load, where the wall-clock trigger checkpointed at such a step)."""
+    from conftest import tiny_config
+    from fedgmr.experiment.build import build_experiment
+    from fedgmr.methods import resolve_config
+
+    cfg = resolve_config(tiny_config(clients={"num_clients": 4, "heterogeneity": [1.0, 1.0, 1.0, 1.0]},
+                                     run={"max_steps": 6, "eval_every": 2}))
+    exp = build_experiment(cfg)
+    exp.simulator.run(3, None)
+    want = exp.strategy.min_coverage()
+    assert want >= 1
+    state, tensors = exp.strategy.state_dict()
+    fresh = build_experiment(cfg)
+    fresh.strategy.load_state_dict(state, tensors)
+    assert fresh.strategy.min_coverage() == want
+    exp.executor.close()
+    fresh.executor.close()

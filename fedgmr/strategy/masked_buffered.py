@@ -520,11 +520,13 @@ class MaskedBufferedStrategy:
                     tensors.update({f"{key}/buf/{k}": v for k, v in sent[1].items()})
                 o["sent"] = sent_ids[id(sent[0])]
         held = {str(cid): mask_key(m) for cid, m in self._held.items()}
+        last_used = [mask_key(m) for m in self._last_used_masks]  # Gamma* until the next aggregation
         pol_state, pol_tensors = self.policy.state_dict()
         tensors.update({f"policy/{k}": v for k, v in pol_tensors.items()})
         state = {
             "version": self.version, "rejected": self.rejected, "arrivals": list(self._arrivals),
-            "entries": entries, "outstanding": outstanding, "held": held, "ladder": self.ladder.state_dict(),
+            "entries": entries, "outstanding": outstanding, "held": held, "last_used": last_used,
+            "ladder": self.ladder.state_dict(),
             "trigger": self.trigger.state_dict(), "policy": pol_state,
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
             "bounds": {"clipped": self.bounds.clipped, "capped": self.bounds.capped, "norms": list(self._norms)},
@@ -566,6 +568,7 @@ class MaskedBufferedStrategy:
             for o in state["outstanding"]
         }
         self._held = {int(c): masks[int(k)] for c, k in state["held"].items()}
+        self._last_used_masks = [masks[int(k)] for k in state.get("last_used", [])]
         # a checkpoint without the models sent (bounds off when saved): measure against the current one
         self._sent = {}
         for o in state["outstanding"]:
