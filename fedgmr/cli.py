@@ -292,10 +292,6 @@ def sweep(
                 typer.echo(f"{state:8s} {cell.name}")
             typer.echo(f"{len(cells)} cells -> {out}")
             return
-        if executor == "ray" and ray_address is None:
-            cells = expand(spec, root)
-            resolve_cells(cells)
-            ray_address = cells[0].config.run.ray_address  # type: ignore[union-attr]
         display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
         with display:
             outcome = run_sweep(spec, Path(sweep_file), root, out, jobs=jobs, executor=executor,  # type: ignore

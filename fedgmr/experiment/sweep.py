@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedgmr.config import ExperimentConfig, dump_config, parse_value, read_config_file, set_dotted
@@ -229,17 +228,13 @@ def _write_index(out: Path, spec: SweepSpec, sweep_file: Path, cells: list[Cell]
     os.replace(tmp, out / INDEX_FILE)
 
 
-#: run keys that say how a cell is executed: changing them does not make a cell stale
-_EXECUTION_RUN_KEYS = ("executor", "workers", "torch_threads", "ray_address", "checkpoint_every",
-                       "checkpoint_seconds")
-
-
 def _what_it_computes(cfg: ExperimentConfig) -> dict[str, Any]:
-    data = cfg.model_dump(mode="json")
-    for key in _EXECUTION_RUN_KEYS:
-        data["run"].pop(key, None)
-    data["data"].pop("root", None)
-    return data
+    """The config as dotted keys, without the keys that only say how a run executes
+    (the seed stays: it is part of what a cell computes)."""
+    from fedgmr.experiment.metrics import EXECUTION_KEYS, flatten_config
+
+    return {k: v for k, v in flatten_config(cfg.model_dump(mode="json")).items()
+            if k == "seed" or k not in EXECUTION_KEYS}
 
 
 def same_experiment(saved: Path, cfg: ExperimentConfig) -> bool:
@@ -308,10 +303,13 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
               on_event: Callable[[str, Cell, int, int], None] | None = None) -> SweepOutcome:
     """Run (or continue) the sweep into ``out``; returns what this pass did.
 
+    ``ray_address`` defaults to the base config's ``run.ray_address``.
     ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
     ``fail`` events, for a progress display."""
     cells = expand(spec, root)
     resolve_cells(cells)
+    if executor == "ray" and ray_address is None:
+        ray_address = cells[0].config.run.ray_address  # type: ignore[union-attr]
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_DIR).mkdir(exist_ok=True)
     (out / LOG_DIR).mkdir(exist_ok=True)

@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from fedgmr.errors import ConfigError, FedGMRError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, flatten_config, mri, read_metrics,
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, flatten_config, mri, read_run_metrics,
                                       time_to_accuracy)
 
 #: the paper's six baselines: the default set an MRI row is computed over
@@ -84,14 +84,9 @@ def read_run(path: Path) -> RunData:
         raise FedGMRError(f"{path / 'config.yaml'} is unreadable: {str(exc).splitlines()[0]}") from None
     if not isinstance(config, dict):
         raise FedGMRError(f"{path / 'config.yaml'} is not a fedgmr config")
-    rows = read_metrics(path)
-    if not rows:
-        raise FedGMRError(f"{path / 'metrics.jsonl'} holds no evaluation")
-    try:
-        times = [float(r["time"]) for r in rows]
-        accs = [float(r["accuracy"]) for r in rows]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise FedGMRError(f"{path / 'metrics.jsonl'}: a record lacks a numeric {exc}") from None
+    rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
+    times = [float(r["time"]) for r in rows]
+    accs = [float(r["accuracy"]) for r in rows]
     interval = (config.get("run") or {}).get("eval_interval")
     return RunData(path, flatten_config(config), times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
                    [float(r.get("bytes_down", math.nan)) for r in rows], interval)
