@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from fedgmr.config import apply_overrides, parse_value, read_config_file
+from fedgmr.config import apply_overrides, parse_config, parse_value, read_config_file
 from fedgmr.errors import ConfigError, FedGMRError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -24,6 +24,51 @@ def _fail(exc: Exception) -> None:
     code = getattr(exc, "exit_code", 1)
     typer.echo("error: " + " ".join(str(exc).splitlines()), err=True)
     raise typer.Exit(code)
+
+
+def _import_option(what: str = "before anything runs") -> Any:
+    """The repeatable ``--import`` option of the commands that read configs."""
+    return typer.Option([], "--import", help=f"import your module {what} (a name importable from here or a .py "
+                        "file), so what it registers (models, data sets, methods, rules, policies) can be named; "
+                        "repeatable")
+
+
+def _import_user_code(imports: list[str]) -> None:
+    """Import each ``--import``; a failure is one line and exit code 6 (PluginError)."""
+    from fedgmr.plugins import import_all
+
+    try:
+        import_all(imports)
+    except FedGMRError as exc:
+        _fail(exc)
+
+
+def _version() -> str:
+    """The installed distribution's version, else ``fedgmr.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedgmr")
+    except PackageNotFoundError:
+        from fedgmr import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"fedgmr {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _start(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                        help="print the version and exit")) -> None:
+    """FedGMR: model-heterogeneous federated learning with Gradual Model Restoration."""
+    from fedgmr.plugins import load_plugins
+
+    for name, error in load_plugins():  # installed packages' fedgmr.plugins entry points
+        typer.echo(f"warning: fedgmr plugin '{name}' failed to load and is skipped: {error}", err=True)
 
 
 def load_raw_config(config: str) -> dict[str, Any]:
@@ -60,35 +105,46 @@ def run(
                                           "from its last checkpoint, with its saved config (no CONFIG, --set, --out)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only the files "
                                    "fedgmr wrote, checkpoint included)"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar (on a terminal) and no progress "
+                               "lines (otherwise: every $FEDGMR_PROGRESS_EVERY seconds, default 30, on stderr)"),
+    imports: list[str] = _import_option("before the config is read (also with --resume)"),
 ) -> None:
     """Run one experiment and write its directory.
 
     Exit codes: 0 done, 2 bad config or usage, 3 run directory problem (holds a run,
     in use, damaged or mismatched checkpoint, not writable), 4 data, 5 the run failed
-    (no progress; its metrics and a failed summary are written), 130 interrupted.
+    (no progress; its metrics and a failed summary are written), 6 an --import failed,
+    130 interrupted.
     """
     from fedgmr.experiment.runner import run_experiment, saved_config
 
+    _import_user_code(imports)
     cfg = None
     target = resume if resume is not None else out
     try:
         if resume is not None:
-            extra = [name for name, given in (("CONFIG", config is not None), ("--set", bool(set_)),
+            # the one thing a resume may change is where it computes (--set run.device=cpu)
+            device_sets = [s for s in set_ if s.split("=", 1)[0].strip() == "run.device"]
+            extra = [name for name, given in (("CONFIG", config is not None),
+                                              ("--set", len(device_sets) < len(set_)),
                                               ("--out", out is not None), ("--overwrite", overwrite)) if given]
             if extra:
                 raise ConfigError(f"--resume continues the run exactly as saved in {resume}; drop "
-                                  f"{', '.join(extra)} (to change anything, start a new run with --out)")
+                                  f"{', '.join(extra)} (to change anything but run.device, start a new run "
+                                  f"with --out)")
             cfg = saved_config(resume)
+            if device_sets:
+                cfg = parse_config(apply_overrides(cfg.model_dump(mode="json"), device_sets[-1:]))
         else:
             if config is None:
                 raise ConfigError("give a CONFIG file or preset name (e.g. 'quickstart')")
             if out is None:
                 raise ConfigError("give --out DIR for the run directory")
             cfg = resolve(config, set_)
+        bar, every = _progress_mode(quiet)
         t0 = time.perf_counter()
-        summary = run_experiment(cfg, target, resume=resume is not None, progress=not quiet and sys.stderr.isatty()
-                                 or (not quiet and _force_progress()), overwrite=overwrite)
+        summary = run_experiment(cfg, target, resume=resume is not None, progress=bar, overwrite=overwrite,
+                                 progress_every=every)
     except FedGMRError as exc:
         _fail(exc)
         return
@@ -114,6 +170,34 @@ def _force_progress() -> bool:
     import os
 
     return os.environ.get("FEDGMR_PROGRESS") == "1"
+
+
+#: seconds of wall time between two progress lines when stderr is not a terminal
+PROGRESS_EVERY = 30.0
+
+
+def _progress_mode(quiet: bool) -> tuple[bool, Optional[float]]:
+    """How ``fedgmr run`` shows progress: (rich bar?, seconds between plain lines or None).
+
+    ``-q`` or ``FEDGMR_PROGRESS=0``: nothing. ``FEDGMR_PROGRESS=1`` or stderr on a
+    terminal: the bar. Otherwise (nohup, SLURM, CI): a line on stderr every
+    ``FEDGMR_PROGRESS_EVERY`` seconds (default :data:`PROGRESS_EVERY`)."""
+    import os
+
+    if quiet or os.environ.get("FEDGMR_PROGRESS") == "0":
+        return False, None
+    if _force_progress() or sys.stderr.isatty():
+        return True, None
+    raw = os.environ.get("FEDGMR_PROGRESS_EVERY", "").strip()
+    if not raw:
+        return False, PROGRESS_EVERY
+    try:
+        every = float(raw)
+    except ValueError:
+        every = math.nan
+    if not (math.isfinite(every) and every > 0):
+        raise ConfigError(f"FEDGMR_PROGRESS_EVERY must be a number of seconds > 0, got {raw!r}")
+    return False, every
 
 
 def format_compare(result: dict[str, Any]) -> str:
@@ -162,7 +246,9 @@ def _json_safe(value: Any) -> Any:
 @app.command()
 def compare(
     runs: list[Path] = typer.Argument(..., help="run directories; the first experiment is the method, the rest baselines (seeds of one experiment are one row)"),
-    t_star: float = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*"),
+    t_star: Optional[float] = typer.Option(None, "--t-star", help="time t* for Acc@t*, in seconds of each run's "
+                                           "clock (virtual; wall for a Flower run) (default: the t_star the runs' "
+                                           "summary.json files agree on)"),
     target: Optional[float] = typer.Option(None, "--target", help="accuracy (0-1) for time-to-accuracy"),
     window: Optional[float] = typer.Option(None, "--window", help="Acc@t* half-window in virtual seconds for every "
                                            "run (default: 10 x each run's evaluation interval)"),
@@ -171,13 +257,16 @@ def compare(
 ) -> None:
     """Compare runs: Acc@t* ± std, MRI of the first experiment, time-to-accuracy. Runs that
     differ only in the seed are one row (mean ± sample std across seeds). A missing or damaged run directory exits with code 3; an
-    undefined MRI (a baseline at 0 accuracy) is shown as n/a (null in --json)."""
-    from fedgmr.experiment.metrics import PLOT_FIELDS, compare_runs, read_run_metrics
+    undefined MRI (a baseline at 0 accuracy) is shown as n/a (null in --json). Without
+    --t-star, the runs' summaries must agree on one (exit code 2 otherwise)."""
+    from fedgmr.experiment.metrics import PLOT_FIELDS, compare_runs, read_run_metrics, summary_t_star
     from fedgmr.experiment.plots import check_plot_path, write_plot
 
     try:
         if plot is not None:
             check_plot_path(plot, "--plot")
+        if t_star is None:
+            t_star = summary_t_star(runs)
         result = compare_runs(runs, t_star, target, span=window)
         if plot is not None:
             write_plot([(r["method"], read_run_metrics(r["run"], PLOT_FIELDS)) for r in result["runs"]], plot,
@@ -193,21 +282,48 @@ def compare(
 
 @app.command()
 def plot(
-    runs: list[Path] = typer.Argument(..., help="run directories"),
+    runs: list[Path] = typer.Argument(..., help="run directories, or directories holding runs (a sweep); "
+                                      "with --levels or --clients: one run"),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write"),
-    t_star: Optional[float] = typer.Option(None, "--t-star"),
+    t_star: Optional[float] = typer.Option(None, "--t-star", help="mark t* (default: the t_star the runs' "
+                                           "summary.json files agree on; none: no mark)"),
+    x: str = typer.Option("time", "--x", help="x axis: time (s), step, bytes_up or bytes_total (MB up + down), "
+                          "wall (wall-clock s: runs that record wall_time, e.g. Flower)"),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy, loss, avg_density or min_coverage"),
+    bands: bool = typer.Option(True, "--bands/--no-bands", help="seeds of one experiment as a mean line with "
+                               "a ±1 std band (default), or every run as its own line"),
+    levels: bool = typer.Option(False, "--levels", help="one accuracy curve per ladder level (level_accuracy) "
+                                "of one run"),
+    clients: bool = typer.Option(False, "--clients", help="mean, 10-90 % and min-max of per-client accuracy "
+                                 "(client_accuracy) of one run"),
 ) -> None:
-    """Plot accuracy and average density against virtual time for several runs. A missing
-    or damaged run directory exits with code 3, an unwritable --out with code 1."""
-    from fedgmr.experiment.metrics import PLOT_FIELDS, read_run_metrics, run_label
-    from fedgmr.experiment.plots import check_plot_path, write_plot
+    """Plot accuracy (and average density, dashed) or another metric against time, steps,
+    bytes or wall-clock time; seeds of one experiment as a mean ± std band. A missing or
+    damaged run directory (or one without the keys --x / --metric need) exits with code 3,
+    an unwritable --out with code 1, a bad option or runs whose summaries disagree on t*
+    (without --t-star) with code 2."""
+    from fedgmr.experiment.curves import expand_runs
+    from fedgmr.experiment.metrics import summary_t_star
+    from fedgmr.experiment.plots import check_plot_path, plot_clients, plot_levels, plot_metric
 
     try:
         if t_star is not None and not (math.isfinite(t_star) and t_star >= 0):
             raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 (got {t_star})")
         check_plot_path(out, "--out")
-        rows = [(run_label(d), read_run_metrics(d, PLOT_FIELDS)) for d in runs]
-        write_plot(rows, out, "--out", t_star=t_star)
+        if levels or clients:
+            flag = "--levels" if levels else "--clients"
+            if levels and clients:
+                raise ConfigError("give one of --levels and --clients")
+            if metric != "accuracy":
+                raise ConfigError(f"{flag} plots accuracy: drop --metric {metric}")
+            if len(runs) != 1:
+                raise ConfigError(f"{flag} plots one run: give one run directory (got {len(runs)})")
+            (plot_levels if levels else plot_clients)(runs[0], out, x=x)
+        else:
+            dirs = expand_runs(runs)
+            if t_star is None:
+                t_star = summary_t_star(dirs, required=False)
+            plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=t_star)
     except FedGMRError as exc:
         _fail(exc)
         return
@@ -219,12 +335,14 @@ def demo(
     out: Path = typer.Option(Path("demo-out"), "--out", "-o", help="directory for the three runs"),
     set_: list[str] = typer.Option([], "--set", "-s", help="override a key in all three runs"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    imports: list[str] = _import_option("first (e.g. to --set data.name to your data set)"),
 ) -> None:
     """The quickstart: FedGMR vs FedAvg vs FedGMR w/o GMR on digits, then the compare table."""
     from fedgmr.experiment.metrics import compare_runs, read_metrics
     from fedgmr.experiment.plots import plot_runs
     from fedgmr.experiment.runner import run_experiment
 
+    _import_user_code(imports)
     t0 = time.perf_counter()
     dirs = []
     cfg, method = None, "fedgmr"
@@ -254,10 +372,12 @@ def demo(
 def show_config(
     config: str = typer.Argument("quickstart", help="config file or preset name"),
     set_: list[str] = typer.Option([], "--set", "-s", help="override a key"),
+    imports: list[str] = _import_option(),
 ) -> None:
     """Print the fully resolved config (every key with its value) as YAML."""
     from fedgmr.config import dump_config
 
+    _import_user_code(imports)
     try:
         typer.echo(dump_config(resolve(config, set_)), nl=False)
     except FedGMRError as exc:
@@ -276,14 +396,17 @@ def sweep(
                                    "set, before its grid): --set data.root=/data/femnist"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and what a rerun would do; run nothing"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
+    imports: list[str] = _import_option("here and in every cell (with the sweep file's imports:)"),
 ) -> None:
     """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
-    from fedgmr.experiment.sweep import _cell_state, expand, load_sweep, resolve_cells, run_sweep
+    from fedgmr.experiment.sweep import (_cell_state, expand, import_sweep_code, load_sweep, resolve_cells,
+                                         run_sweep)
 
     try:
         if executor not in ("local", "ray"):
             raise ConfigError(f"--executor must be local or ray, got '{executor}'")
-        spec, root = load_sweep(sweep_file, overrides=set_)
+        spec, root = load_sweep(sweep_file, overrides=set_, imports=imports)
+        import_sweep_code(spec, root)
         if dry_run:
             cells = expand(spec, root)
             resolve_cells(cells)
@@ -411,10 +534,11 @@ def table(
 
 
 @app.command()
-def methods() -> None:
-    """List the available methods."""
+def methods(imports: list[str] = _import_option("first")) -> None:
+    """List the available methods (with those your --import or plugins register)."""
     from fedgmr.methods import METHODS
 
+    _import_user_code(imports)
     for name in METHODS.names():
         m = METHODS.get(name)
         fixed = ", ".join(f"{k}={v}" for k, v in m.fixed.items())

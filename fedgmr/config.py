@@ -8,6 +8,7 @@ aggregation, restoration, coordination, network, run). Unknown keys and bad valu
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -22,6 +23,11 @@ from fedgmr.errors import ConfigError
 #: the ~100k at which torch's thread pool crashes the process (a fixed bound, so a config
 #: validates the same on every machine)
 MAX_TORCH_THREADS = 1024
+
+#: the forms ``run.device`` accepts (whether the machine has the device is checked when
+#: the run is built: fedgmr.device.resolve_device)
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
 
 
 def _holds_bool(value: Any) -> bool:
@@ -154,7 +160,7 @@ class BaselineConfig(_Section):
 
 
 class SubmodelConfig(_Section):
-    """Sub-model policy and density ladder (SPEC 3).
+    """Sub-model policy and density ladder (docs/reference.md §3).
 
     density_basis: what a density counts. ``model``: a level-ρ mask holds ρ of all the
         model's coordinates, the always-kept ones (output layer, biases, norms) included,
@@ -208,7 +214,7 @@ class StalenessConfig(_Section):
 
 
 class AggregationConfig(_Section):
-    """Aggregation rule, weighting, staleness, buffer and BatchNorm statistics (SPEC 4).
+    """Aggregation rule, weighting, staleness, buffer and BatchNorm statistics (docs/reference.md §4).
 
     weighting: beta = s(tau) x the client's training-set size (``samples``), x the
         samples its local steps processed (``processed``, the authors' count), or s(tau)
@@ -238,7 +244,7 @@ class AggregationConfig(_Section):
 
 
 class RestorationConfig(_Section):
-    """Gradual Model Restoration (SPEC 5)."""
+    """Gradual Model Restoration (docs/reference.md §5)."""
 
     trigger: Literal["early_stopping", "fixed_time", "none"] = "early_stopping"
     check_interval: int = Field(25, ge=1)
@@ -260,7 +266,7 @@ class RestorationConfig(_Section):
 
 
 class CoordinationConfig(_Section):
-    """When the server aggregates (SPEC 6.4)."""
+    """When the server aggregates (docs/reference.md §6.4)."""
 
     mode: Literal["semi_async", "sync"] = "semi_async"
     trigger: Literal["k", "deadline"] = "deadline"
@@ -286,7 +292,7 @@ class ComputeConfig(_Section):
 
 
 class NetworkConfig(_Section):
-    """Bandwidths (MB/s), IMS, jitter and payload sizing (SPEC 6.1-6.5)."""
+    """Bandwidths (MB/s), IMS, jitter and payload sizing (docs/reference.md §6.1-6.5)."""
 
     ims: bool = True
     down_per_tier: float = Field(20.0, gt=0)
@@ -302,7 +308,7 @@ class RunConfig(_Section):
     """Run length, evaluation, checkpoints and execution.
 
     eval_interval: test evaluation on a virtual-time grid, every that many seconds, the
-        same grid for every method (SPEC 9). eval_every: instead, every that many server
+        same grid for every method (docs/reference.md §9). eval_every: instead, every that many server
         steps (the authors' cadence). Set at most one; with neither, the grid is
         ``max_time / 100`` (or every 5 steps when only ``max_steps`` is set).
     """
@@ -323,7 +329,34 @@ class RunConfig(_Section):
     torch_threads: int | None = Field(1, ge=1, le=MAX_TORCH_THREADS)
     #: Ray cluster to join (``"auto"`` or ``"HOST:PORT"``); None starts Ray locally
     ray_address: str | None = None
+    #: where training, evaluation and aggregation run: ``auto`` (CUDA when available,
+    #: else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (checked when the run is built)
+    device: str = "auto"
     t_star: float | None = Field(None, gt=0)
+    #: per-level accuracy (the global model under each ladder level's mask), logged as
+    #: ``level_accuracy`` every that many test evaluations (null: off)
+    level_eval_every: int | None = Field(None, ge=1)
+    #: per-client accuracy (the global model on each client's held-out split; needs
+    #: data.client_val_fraction > 0), logged as ``client_accuracy`` every that many test
+    #: evaluations (null: off)
+    client_eval_every: int | None = Field(None, ge=1)
+    #: experiment trackers fed every metrics record: tensorboard, mlflow, wandb
+    #: (fedgmr.experiment.loggers; each needs its pip extra, e.g. fedgmr[tensorboard])
+    loggers: list[str] = Field(default_factory=list)
+    #: MLflow tracking URI (null: $MLFLOW_TRACKING_URI, else file:<run dir>/mlruns)
+    mlflow_uri: str | None = None
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers(cls, v: list[str]) -> list[str]:
+        from fedgmr.experiment.loggers import LOGGERS
+
+        unknown = [name for name in v if name not in LOGGERS]
+        if unknown:
+            raise ValueError(f"unknown logger {unknown[0]!r} (known: {', '.join(LOGGERS.names())})")
+        if len(set(v)) != len(v):
+            raise ValueError("names a logger twice")
+        return v
 
     @field_validator("max_time", mode="before")
     @classmethod
@@ -331,6 +364,13 @@ class RunConfig(_Section):
         if isinstance(v, float) and math.isinf(v):
             raise ValueError("must be finite: a run needs an end (a finite run.max_time, or run.max_steps "
                              "with run.max_time: null)")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not DEVICE_PATTERN.fullmatch(v):
+            raise ValueError(f"must be {DEVICE_FORMS}")
         return v
 
     @model_validator(mode="after")
@@ -367,6 +407,9 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "ExperimentConfig":
+        if self.run.client_eval_every is not None and self.data.client_val_fraction <= 0:
+            raise ValueError("run.client_eval_every needs each client's held-out split: set data.client_val_fraction "
+                             "> 0 (e.g. 0.1)")
         if self.restoration.per_client_patience is not None and self.data.client_val_fraction <= 0:
             raise ValueError("restoration.per_client_patience needs data.client_val_fraction > 0 "
                              "(clients score their local model on their own validation split)")

@@ -13,6 +13,7 @@ code  meaning
 3     run directory: existing run, locked, damaged or mismatched checkpoint
 4     data files missing or malformed
 5     the run failed: no update could be aggregated
+6     your code given with ``--import`` (or a sweep's ``imports:``) failed to import
 130   interrupted (Ctrl-C); resume with ``--resume``
 ====  ==========================================================
 """
@@ -53,3 +54,14 @@ class RunFailedError(FedGMRError):
 
 class InvalidUpdateError(FedGMRError, ValueError):
     """A client update was rejected (wrong shape, non-finite, outside its mask, ...)."""
+
+
+class RegistryError(FedGMRError, ValueError):
+    """A name is already registered to a different object (pass ``replace=True`` to replace it)."""
+
+
+class PluginError(FedGMRError):
+    """Your code (``--import``, a sweep file's ``imports:``) could not be imported. The
+    message names the module and the exception it raised."""
+
+    exit_code = 6

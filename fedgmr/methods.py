@@ -50,13 +50,13 @@ for _m in [
     Method("fedasync", "FedAsync: each full-model arrival mixed in on its own, with alpha * s(tau)",
            {**_FULL_MODEL, "coordination.mode": "semi_async", "coordination.trigger": "k", "coordination.k": 1,
             "aggregation.rule": "fedasync", "aggregation.buffer": False},
-           # BASELINES.md's common setting; the authors' runs used a = 0.6
+           # FedAsync's common setting (docs/reference.md §7); the authors' runs used a = 0.6
            {"aggregation.fedasync_alpha": 0.9, "aggregation.staleness.kind": "polynomial",
             "aggregation.staleness.a": 0.5}),
 ]:
     METHODS.register(_m.name, _m)
 
-# Model-heterogeneous baselines (BASELINES.md): the original synchronous form, "+Aux" (the
+# Model-heterogeneous baselines (docs/reference.md §7, docs/methods/): the original synchronous form, "+Aux" (the
 # semi-asynchronous buffered workflow with IMS where masks are nested) and "+Aux+GMR".
 _BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     "heterofl": ("HeteroFL: width-prefix sub-models, scaler, static BN, count-averaged, label split",

@@ -57,7 +57,8 @@ def tiny_config(**sections: Any) -> dict[str, Any]:
         "training": {"lr": 0.1, "local_steps": 2},
         "restoration": {"check_interval": 2, "patience": 1},
         "network": {"model_size_mb": 2.0},
-        "run": {"max_steps": 30, "eval_every": 2},
+        # the CPU: these runs' bit-exact comparisons are CPU guarantees (tests/gpu: the GPU)
+        "run": {"max_steps": 30, "eval_every": 2, "device": "cpu"},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):

@@ -1,4 +1,5 @@
-"""Hand-computed aggregation vectors (TESTS.md: MA, FA, coverage, FedAsync; SPEC 4).
+"""Hand-computed aggregation vectors (docs/reference.md §4 and Appendix A: MA, FA, GA,
+coverage, FedAsync).
 
 Updates use the ``(mask, values-at-mask)`` format of :mod:`fedgmr.algorithm.aggregation`.
 """
@@ -145,7 +146,7 @@ def test_ga_on_fresh_models_equals_ga_on_their_deltas():
 
 
 def test_ga_vector_on_the_ma_case():
-    # TESTS.md's MA case (global zeros; A full returns 2s, B block returns 4s), under GA:
+    # the hand-computed MA case (docs/reference.md Appendix A; global zeros; A full returns 2s, B block returns 4s), under GA:
     # W + (1/2)[(2 - 0) + (4 - 0) m_B] -> block (2 + 4) / 2 = 3, elsewhere 2 / 2 = 1
     out = gradient_average(torch.zeros(16), _ab_updates(), [1.0, 1.0]).view(4, 4)
     expected = torch.full((4, 4), 1.0)

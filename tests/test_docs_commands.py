@@ -1,10 +1,12 @@
 """The `fedgmr` commands shown in README.md and docs/ parse and resolve as written.
 
 Listing commands (`methods`, `presets`, `config ...`) run exactly as written; a `sweep`
-runs with `--dry-run` (its file is read and every cell resolved); a `table` runs exactly as
-written on small run directories made where it names them. A `run`
+runs with `--dry-run` (its file is read and every cell resolved); a `table` or a `plot`
+runs exactly as written on small run directories made where it names them (two seeds of
+one experiment under each, or one run for `plot --levels` / `--clients`). A `run`
 command is checked by resolving the same preset/file and `--set` overrides with
-`fedgmr config` (a full run of a preset takes minutes); placeholders such as
+`fedgmr config` (a full run of a preset takes minutes), with its `--import` modules;
+`fedgmr --version` runs as written. Placeholders such as
 `/path/to/...` and `runs/...` directories that need an earlier run are skipped.
 """
 
@@ -53,7 +55,7 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
     if any("/path/to" in a or "$" in a or "[" in a and "=" not in a for a in args):
         pytest.skip("placeholder, shell variable or optional-argument syntax")
     sub = args[0]
-    if sub in ("methods", "presets", "config"):
+    if sub in ("methods", "presets", "config", "--version"):
         check = args
     elif sub == "sweep":  # every cell resolves; nothing runs
         check = args + ([] if "--dry-run" in args else ["--dry-run"])
@@ -65,10 +67,47 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         assert "mean ± sample std (ddof = 1) across seeds" in proc.stdout and "2 seeds per cell" in proc.stdout
         return
+    elif sub == "plot":  # exactly as written, on small run directories made where it names them
+        one_run = "--levels" in args or "--clients" in args
+        for d in _positional(args[1:]):
+            (_fake_run if one_run else _fake_runs)(tmp_path / d)
+        proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                              cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        png = tmp_path / args[args.index("--out") + 1]
+        assert png.read_bytes()[:4] == b"\x89PNG", where
+        return
+    elif sub == "compare":  # exactly as written, on small run directories made where it names them
+        import json
+
+        for d in _positional(args[1:]):  # one run each; their summaries agree on t* = 400 s
+            _fake_run(tmp_path / d)
+            (tmp_path / d / "summary.json").write_text(json.dumps({"method": "fedgmr", "t_star": 400.0}))
+        proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                              cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        if "--json" in args:
+            assert len(json.loads(proc.stdout)["runs"]) == len(_positional(args[1:])), where
+        else:
+            assert "MRI of" in proc.stdout and "Acc@t*" in proc.stdout, where
+        if "--plot" in args:
+            assert (tmp_path / args[args.index("--plot") + 1]).read_bytes()[:4] == b"\x89PNG", where
+        return
+    elif sub == "demo":  # as written, its three quickstart runs shortened to 120 virtual seconds
+        out = tmp_path / "demo-out"
+        proc = subprocess.run([sys.executable, "-m", "fedgmr", *args, "--out", str(out), "-q",
+                               "--set", "run.max_time=120", "--set", "run.t_star=100"],
+                              capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        assert "MRI of fedgmr over fedavg, fedgmr_wo_gmr" in proc.stdout, proc.stdout
+        assert {p.name for p in out.iterdir()} >= {"fedgmr", "fedavg", "fedgmr_wo_gmr", "compare.png"}
+        return
     elif sub == "run" and "--resume" not in args and not (args[1].endswith((".yaml", ".toml"))
                                                           and not (REPO / args[1]).exists()):
         sets = [a for i, a in enumerate(args) if i > 0 and args[i - 1] in ("--set", "-s")]
-        check = ["config", args[1], *[x for s in sets for x in ("--set", s)]]
+        imports = [a for i, a in enumerate(args) if i > 0 and args[i - 1] == "--import"]
+        check = ["config", args[1], *[x for s in sets for x in ("--set", s)],
+                 *[x for m in imports for x in ("--import", m)]]
     else:
         pytest.skip(f"'{sub}' needs earlier run directories")
     proc = subprocess.run([sys.executable, "-m", "fedgmr", *check], capture_output=True, text=True, env=ENV,
@@ -76,6 +115,13 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
     assert proc.returncode == 0, f"{where}\n{proc.stderr}"
     if sub == "config":
         assert "method:" in proc.stdout
+    if sub == "--version":
+        assert proc.stdout.startswith("fedgmr ")
+
+
+#: options that take no value
+FLAGS = frozenset({"--json", "--dry-run", "--quiet", "-q", "--overwrite", "--bands", "--no-bands", "--levels",
+                   "--clients"})
 
 
 def _positional(args: list[str]) -> list[str]:
@@ -85,26 +131,33 @@ def _positional(args: list[str]) -> list[str]:
         if skip:
             skip = False
         elif a.startswith("-"):
-            skip = True
+            skip = a not in FLAGS
         else:
             out.append(a)
     return out
 
 
 def _fake_runs(root: Path) -> None:
-    """Two seeds of one FedGMR experiment (named after the directory), evaluated every
-    10 s up to 3,000 s."""
+    """Two seeds of one FedGMR experiment (named after the directory)."""
+    for seed in (0, 1):
+        _fake_run(root / f"seed={seed}", root.name, seed)
+
+
+def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
+    """One FedGMR run evaluated every 10 s up to 3,000 s, with every key `fedgmr plot`
+    reads (per-level and per-client accuracy every 100 s)."""
     import json
 
     import yaml
 
-    for seed in (0, 1):
-        d = root / f"seed={seed}"
-        d.mkdir(parents=True)
-        cfg = {"name": root.name, "method": "fedgmr", "seed": seed, "clients": {"heterogeneity": "high"},
-               "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
-        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-        rows = [{"time": float(t), "accuracy": 0.5 + 0.1 * seed, "bytes_up": 0.0, "bytes_down": 0.0}
-                for t in range(0, 3001, 10)]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (d / "summary.json").write_text(json.dumps({"method": "fedgmr"}))
+    d.mkdir(parents=True)
+    cfg = {"name": name or d.name, "method": "fedgmr", "seed": seed, "clients": {"heterogeneity": "high"},
+           "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
+             "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "bytes_up": 1e4 * t, "bytes_down": 2e4 * t,
+             **({"levels": [0.2, 1.0], "level_accuracy": [0.4, 0.5], "client_accuracy": [0.5, None, 0.7]}
+                if t % 100 == 0 else {})}
+            for t in range(0, 3001, 10)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"method": "fedgmr"}))

@@ -1,4 +1,4 @@
-"""Masked local training (SPEC 3.4) and evaluation with padding (SPEC 8/9)."""
+"""Masked local training (docs/reference.md §3.4) and evaluation with padding (§8, §9)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Nested magnitude masks on a real conv + BatchNorm + linear model (SPEC 3.1-3.3,
-TESTS.md "Nested masks and restoration")."""
+"""Nested magnitude masks on a real conv + BatchNorm + linear model (docs/reference.md
+§3.1-3.3, and the nested-mask, restoration and IMS vectors of its Appendix A)."""
 
 from __future__ import annotations
 

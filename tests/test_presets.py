@@ -1,4 +1,4 @@
-"""Shipped presets: they validate, the paper presets carry the paper's settings (SPEC 13),
+"""Shipped presets: they validate, the paper presets carry the paper's settings (docs/reference.md §13),
 a paper preset without its data fails with the loader's one-line message, a paper preset runs
 on tiny files, and the offline presets run end to end on ../shared/data."""
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
-PAPER = {  # SPEC 13: lr, momentum, wd, batch, local steps, check, patience (High, non-IID), MB, t*, stop
+PAPER = {  # docs/reference.md §13: lr, momentum, wd, batch, local steps, check, patience (High, non-IID), MB, t*, stop
     "femnist": dict(model="conv2", partition="natural", lr=0.25, momentum=0.0, wd=0.0, batch=20, steps=5,
                     check=25, patience=7, mb=25.98, t_star=70_000, max_time=150_000, grid=250),
     "cifar10": dict(model="vgg11", partition="dirichlet", lr=0.25, momentum=0.0, wd=0.0, batch=20, steps=5,

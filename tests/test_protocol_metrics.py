@@ -1,4 +1,5 @@
-"""Evaluation protocol (SPEC 9): MRI, Acc@t*, time-to-accuracy (TESTS.md vectors)."""
+"""Evaluation protocol (docs/reference.md §9): MRI, Acc@t*, time-to-accuracy, on the
+hand-computed vectors of docs/reference.md Appendix A."""
 
 from __future__ import annotations
 

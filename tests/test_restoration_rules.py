@@ -1,4 +1,4 @@
-"""Gradual Model Restoration rules (SPEC 5): plateau detection, triggers, density ladder."""
+"""Gradual Model Restoration rules (docs/reference.md §5): plateau detection, triggers, density ladder."""
 
 from __future__ import annotations
 

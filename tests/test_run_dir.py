@@ -252,6 +252,24 @@ def test_resume_after_a_comment_only_edit_gives_the_uninterrupted_metrics(resuma
         without_wall(json.loads((reference / "summary.json").read_text()))
 
 
+def test_a_run_started_by_an_older_library_resumes_to_the_uninterrupted_metrics(resumable: Path, reference: Path):
+    """Keys added to the config since the run started take their defaults on resume."""
+    from fedgmr.experiment.checkpoint import load_checkpoint, save_checkpoint
+    from fedgmr.experiment.rundir import config_digest
+
+    path = resumable / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    for key in ("level_eval_every", "client_eval_every", "loggers", "mlflow_uri"):  # not there before
+        raw["run"].pop(key)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    state, tensors = load_checkpoint(resumable)
+    state["config_sha256"] = config_digest(raw)  # as that library wrote it
+    save_checkpoint(resumable, state, tensors)
+    proc = fedgmr("run", "--resume", str(resumable), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert (resumable / "metrics.jsonl").read_bytes() == (reference / "metrics.jsonl").read_bytes()
+
+
 def _flip(path: Path, at: float = 0.5) -> None:
     data = bytearray(path.read_bytes())
     data[int(len(data) * at)] ^= 0x01
@@ -369,6 +387,17 @@ def test_a_run_whose_every_update_is_rejected_fails_with_exit_code_5(tmp_path: P
     assert summary["rejected_updates"] == 10  # every reply, not the 3 seen by the last evaluation
     assert "no update could be aggregated" in summary["failure"]
     assert records(out) and records(out)[0]["time"] == 0.0  # the metrics were written
+
+
+def test_a_run_that_ends_before_its_first_round_says_so(tmp_path: Path):
+    """FedAvg's first synchronous round outlasts 30 virtual seconds: nothing was rejected,
+    and the error says what to raise instead of blaming the updates."""
+    out = tmp_path / "short"
+    proc = fedgmr("run", "quickstart", "--out", str(out), "--set", "method=fedavg", "--set", "run.max_time=30",
+                  "-q", check=False)
+    line = error_line(proc)
+    assert proc.returncode == 5 and "none rejected" in line and "raise run.max_time" in line
+    assert json.loads((out / "summary.json").read_text())["steps"] == 0
 
 
 def test_a_synchronous_run_that_keeps_stepping_on_rejected_updates_fails(tmp_path: Path):

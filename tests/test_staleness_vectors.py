@@ -1,4 +1,4 @@
-"""Staleness factors s(tau) (SPEC 4, TESTS.md "Staleness")."""
+"""Staleness factors s(tau) (docs/reference.md §4.3) on hand-computed vectors (Appendix A)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """MaskedBufferedStrategy: update buffer, staleness weights, rejection of bad replies,
-GA / FedAsync arrivals-only, checkpoint round trip (SPEC 4, 6)."""
+GA / FedAsync arrivals-only, checkpoint round trip (docs/reference.md §4, §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Aggregation rules (SPEC 4) as pure functions on flat vectors.
+"""Aggregation rules (docs/reference.md §4) as pure functions on flat vectors.
 
 An update is a pair ``(mask, values)``: a bool mask over the flat parameter vector and
 the float values at the masked coordinates (``values.numel() == mask.sum()``). Model
@@ -21,8 +21,8 @@ Update = tuple[torch.Tensor, torch.Tensor]  # (bool mask over N, values at mask)
 
 
 def dense(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Scatter masked values into a zero vector of the mask's size."""
-    out = torch.zeros(mask.shape, dtype=values.dtype)
+    """Scatter masked values into a zero vector of the mask's size (on the values' device)."""
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
     out[mask] = values
     return out
 
@@ -39,16 +39,17 @@ def _check(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[
         raise ValueError("aggregation weights must be >= 0")
 
 
-def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequence[float],
-                  coverage: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """sum_i w_i * dense(update_i) (and sum_i w_i * m_i when ``coverage``).
+def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequence[float], coverage: bool = False,
+                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sum_i w_i * dense(update_i) (and sum_i w_i * m_i when ``coverage``), on ``device``
+    (the model's).
 
     Sparse updates are added through their (cached) index lists and full ones directly,
     so the cost follows the number of kept coordinates, not the model size per update.
     Accumulates in float64 only for vectors up to 2**20 entries, float32 beyond.
     """
     dtype = torch.float64 if shape.numel() <= (1 << 20) else torch.float32
-    acc = torch.zeros(shape, dtype=dtype)
+    acc = torch.zeros(shape, dtype=dtype, device=device)
     mask_weight: dict[int, list] = {}  # clients on one level share a mask: one coverage pass each
     for (mask, values), w in zip(updates, weights):
         vals = values.to(dtype)
@@ -59,13 +60,13 @@ def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequenc
         mask_weight.setdefault(id(mask), [mask, 0.0])[1] += w
     if not coverage:
         return acc, None
-    den = torch.zeros(shape, dtype=dtype)
+    den = torch.zeros(shape, dtype=dtype, device=device)
     for mask, w in mask_weight.values():
         if mask_count(mask) == mask.numel():
             den.add_(w)
         else:
             idx = mask_indices(mask)
-            den.index_add_(0, idx, torch.full((idx.numel(),), w, dtype=dtype))
+            den.index_add_(0, idx, torch.full((idx.numel(),), w, dtype=dtype, device=device))
     return acc, den
 
 
@@ -73,7 +74,7 @@ def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weight
     """MA ("MaskFedAvg"): each coordinate is the weighted average over the clients that
     cover it; a coordinate nobody covers keeps its previous value."""
     _check(previous, updates, weights)
-    num, den = _weighted_sum(previous.shape, updates, weights, coverage=True)
+    num, den = _weighted_sum(previous.shape, updates, weights, coverage=True, device=previous.device)
     assert den is not None
     covered = den > 0
     return torch.where(covered, num / den.clamp_min(1e-30), previous.to(num.dtype)).to(previous.dtype)
@@ -92,7 +93,7 @@ def gradient_average(previous: torch.Tensor, updates: Sequence[Update], weights:
     total = float(sum(weights))
     if total <= 0:
         return previous.clone()
-    acc, den = _weighted_sum(previous.shape, updates, weights, coverage=True)
+    acc, den = _weighted_sum(previous.shape, updates, weights, coverage=True, device=previous.device)
     assert den is not None
     prev = previous.to(acc.dtype)
     return (prev + (acc - den * prev) / total).to(previous.dtype)
@@ -105,7 +106,7 @@ def delta_average(previous: torch.Tensor, deltas: Sequence[Update], weights: Seq
     total = float(sum(weights))
     if total <= 0:
         return previous.clone()
-    acc, _ = _weighted_sum(previous.shape, deltas, weights)
+    acc, _ = _weighted_sum(previous.shape, deltas, weights, device=previous.device)
     return (previous.to(acc.dtype) + acc / total).to(previous.dtype)
 
 
@@ -118,7 +119,7 @@ def zero_padded_average(previous: torch.Tensor, updates: Sequence[Update], weigh
     total = float(sum(weights))
     if total <= 0:
         return previous.clone()
-    acc, _ = _weighted_sum(previous.shape, updates, weights)
+    acc, _ = _weighted_sum(previous.shape, updates, weights, device=previous.device)
     return (acc / total).to(previous.dtype)
 
 
@@ -170,7 +171,8 @@ def coverage_counts(masks: Sequence[torch.Tensor]) -> torch.Tensor:
     groups: dict[int, list] = {}
     for m in masks:
         groups.setdefault(id(m), [m, 0])[1] += 1
-    out = torch.zeros(masks[0].shape, dtype=torch.int32) if masks else torch.zeros(0, dtype=torch.int32)
+    out = (torch.zeros(masks[0].shape, dtype=torch.int32, device=masks[0].device) if masks
+           else torch.zeros(0, dtype=torch.int32))
     for m, k in groups.values():
         out.add_(m.to(torch.int32), alpha=k)
     return out

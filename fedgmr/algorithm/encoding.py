@@ -1,6 +1,6 @@
 """Wire encoding of a sparse sub-model: float32 values plus, optionally, a mask code.
 
-Payloads are counted as a real wire carries them (SPEC §6.1, §12 item 8):
+Payloads are counted as a real wire carries them (docs/reference.md §6.1 and §12 item 8):
 
 * an **upload** carries the values of the retained coordinates only: the server assigned
   the mask, so no mask bits travel up (``encode_sparse(mask, values, send_mask=False)``,

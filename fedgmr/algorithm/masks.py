@@ -1,4 +1,4 @@
-"""Nested magnitude masks (SPEC 3.1-3.3) and their IMS increments (SPEC 6.5).
+"""Nested magnitude masks (docs/reference.md §3.1-3.3) and their IMS increments (§6.5).
 
 One global ranking of all prunable coordinates is computed from the global model;
 the mask of density ``rho`` holds the always-kept coordinates plus the first
@@ -116,7 +116,7 @@ def magnitude_ranking(flat: torch.Tensor, space: ParamSpace, floor: float = 0.02
         tail_idx.append(idx[n_floor:])
         tail_score.append(score[order[n_floor:]])
     if not head_idx:
-        return torch.zeros(0, dtype=torch.long)
+        return torch.zeros(0, dtype=torch.long, device=flat.device)
 
     def _merge(idx: list[torch.Tensor], sc: list[torch.Tensor]) -> torch.Tensor:
         all_idx, all_sc = torch.cat(idx), torch.cat(sc)
@@ -165,7 +165,7 @@ def mask_from_ranking(ranking: torch.Tensor, space: ParamSpace, density: float, 
     floor's total yields the floor itself.
     """
     k = prefix_length(space, density, floor, basis)
-    mask = space.always_kept.clone()
+    mask = space.always_kept.to(ranking.device, copy=True)  # on the ranking's (the model's) device
     mask[ranking[:k]] = True
     return mask
 

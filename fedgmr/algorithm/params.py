@@ -35,7 +35,7 @@ class ParamSpace:
 
     Prunable parameters are the weights (ndim >= 2) of every layer except the output
     layer and normalisation layers; biases, norm affine parameters and the output layer
-    are always kept (SPEC 3.3).
+    are always kept (docs/reference.md §3.3).
 
     Parameters
     ----------
@@ -102,7 +102,7 @@ class ParamSpace:
         """Fraction of prunable coordinates a mask holds."""
         if self.num_prunable == 0:
             return 1.0
-        return float((mask & ~self.always_kept).sum()) / self.num_prunable
+        return float((mask & ~self.always_kept.to(mask.device)).sum()) / self.num_prunable
 
 
 def get_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -2,7 +2,7 @@
 
 A policy owns one mask per ladder level (clients on the same level share it). The
 default :class:`MagnitudePolicy` builds nested magnitude masks from one global ranking
-(SPEC 3.2); :class:`FullModelPolicy` gives everybody the whole model (FedAvg, FedAsync).
+(docs/reference.md §3.2); :class:`FullModelPolicy` gives everybody the whole model (FedAvg, FedAsync).
 Structured policies for the baselines plug in through the same interface.
 """
 
@@ -69,13 +69,14 @@ class SubmodelPolicy(ABC):
 
 
 class FullModelPolicy(SubmodelPolicy):
-    """Every level is the full model."""
+    """Every level is the full model (its mask on ``device``, the global model's)."""
 
     name = "full"
 
-    def __init__(self, space: ParamSpace, ladder: Sequence[float] = (1.0,)) -> None:
+    def __init__(self, space: ParamSpace, ladder: Sequence[float] = (1.0,),
+                 device: torch.device | str = "cpu") -> None:
         super().__init__(space, ladder)
-        self._full = frozen(torch.ones(space.numel, dtype=torch.bool))
+        self._full = frozen(torch.ones(space.numel, dtype=torch.bool, device=device))
 
     def mask(self, level: int) -> torch.Tensor:
         return self._full
@@ -135,7 +136,7 @@ class MagnitudePolicy(SubmodelPolicy):
         return {}, {"ranking": self.ranking}
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        self.ranking = tensors["ranking"].clone()
+        self.ranking = tensors["ranking"].to(self.ranking.device, copy=True)  # a checkpoint's are on the CPU
         self._masks = self._masks_of(self.ranking)
 
 

@@ -1,4 +1,4 @@
-"""Gradual Model Restoration (SPEC 5): when to restore, and what restoring does.
+"""Gradual Model Restoration (docs/reference.md §5): when to restore, and what restoring does.
 
 * :class:`EarlyStopping` - a plateau detector (patience, min_delta, cool-down).
 * Triggers decide *when*: :class:`EarlyStoppingTrigger` (validation plateau),

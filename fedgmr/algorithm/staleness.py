@@ -1,4 +1,4 @@
-"""Staleness weighting functions s(tau) (SPEC 4)."""
+"""Staleness weighting functions s(tau) (docs/reference.md §4.3)."""
 
 from __future__ import annotations
 

@@ -51,8 +51,9 @@ class BaselineSetup:
 
 
 def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, policy: SubmodelPolicy,
-                   model_factory: Any) -> BaselineSetup | None:
-    """The baseline wiring for ``policy`` (None for FedGMR's own policies)."""
+                   model_factory: Any, device: torch.device | str = "cpu") -> BaselineSetup | None:
+    """The baseline wiring for ``policy`` (None for FedGMR's own policies); the server's
+    static-BN model lives on ``device`` (the global model's)."""
     b = cfg.submodel.baseline
     if isinstance(policy, FiarsePolicy):
         if cfg.aggregation.rule == "fiarse":
@@ -75,7 +76,7 @@ def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, polic
             y = data.train.y
             setup.strategy_kwargs["label_keep"] = label_keep_masks(
                 space, [y[torch.as_tensor(idx, dtype=torch.long)] for idx in partition.clients], data.num_classes)
-    eval_model: nn.Module = model_factory()
+    eval_model: nn.Module = model_factory().to(device)
     if b.static_bn and has_bn(eval_model):
         val_idx = torch.as_tensor(partition.server_val, dtype=torch.long)
         if len(val_idx) == 0:

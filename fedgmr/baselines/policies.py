@@ -4,7 +4,7 @@ They plug into the same strategy, aggregation rules, GMR ladder and simulator as
 magnitude policy: a ladder level is a width rate (HeteroFL, FedRolex, FjORD) or a
 parameter fraction (FIARSE).
 
-The ladder densities are the clients' budgets (parameter fractions, SPEC 6.3); a width
+The ladder densities are the clients' budgets (parameter fractions, docs/reference.md §3.5 and §6.3); a width
 policy turns each into the largest width whose sub-model holds at most that fraction,
 unless ``submodel.baseline.width_rates`` gives the rates explicitly (e.g. HeteroFL's
 levels ``[0.0625, 0.125, 0.25, 0.5, 1]``). :meth:`level_densities` reports the true
@@ -42,6 +42,8 @@ class WidthPolicy(SubmodelPolicy):
     model: the full (width 1) model.
     build: ``build(width) -> nn.Module``.
     rates: explicit width rate per level (default: derived from the ladder).
+    device: where the level masks (and the server's width sub-models) live: the global
+        model's device.
     """
 
     name = "heterofl"
@@ -54,7 +56,7 @@ class WidthPolicy(SubmodelPolicy):
         return STRUCTURED_CODE_BYTES
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], model: nn.Module, build: WidthBuilder,
-                 rates: Sequence[float] | None = None, **_: Any) -> None:
+                 rates: Sequence[float] | None = None, device: torch.device | str = "cpu", **_: Any) -> None:
         super().__init__(space, ladder)
         if rates is None:
             rates = rates_for_fractions(build, list(self.ladder), space.numel)
@@ -62,7 +64,7 @@ class WidthPolicy(SubmodelPolicy):
             raise ConfigError(f"submodel.baseline.width_rates has {len(rates)} rates for a ladder of "
                               f"{len(self.ladder)} levels")
         self.rates = tuple(float(r) for r in rates)
-        self.structure = WidthStructure(build, model)
+        self.structure = WidthStructure(build, model, device)
         self.shift = 0
         self._slices = self._build()
         fr = self.level_densities()
@@ -75,7 +77,8 @@ class WidthPolicy(SubmodelPolicy):
     def from_config(cls, space: ParamSpace, params: torch.Tensor, model: nn.Module, config: Any,
                     build: WidthBuilder) -> "WidthPolicy":
         b = config.submodel.baseline
-        return cls(space, config.submodel.ladder, model, build, b.width_rates, p_values=b.p_values)
+        return cls(space, config.submodel.ladder, model, build, b.width_rates, device=params.device,
+                   p_values=b.p_values)
 
     def _build(self) -> list[Slice]:
         return [self.structure.slice(r, self.shift) for r in self.rates]
@@ -150,7 +153,7 @@ class FiarsePolicy(SubmodelPolicy):
                  scope: str = "global", **_: Any) -> None:
         super().__init__(space, ladder)
         self.scope = scope
-        self.groups = fiarse_math.score_groups(model, space, scope)
+        self.groups = fiarse_math.score_groups(model, space, scope).to(params.device)  # with the model
         self._rebuild(params)
         self._fractions = [int(m.sum()) / space.numel for m in self._masks]
 
@@ -177,7 +180,7 @@ class FiarsePolicy(SubmodelPolicy):
         return {}, {f"mask{l}": m for l, m in enumerate(self._masks)}
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        self._masks = [tensors[f"mask{l}"].clone() for l in range(len(self.ladder))]
+        self._masks = [tensors[f"mask{l}"].to(self.groups.device, copy=True) for l in range(len(self.ladder))]
 
 
 for _cls in (WidthPolicy, RollingPolicy, OrderedDropoutPolicy, FiarsePolicy):

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace, get_buffers
 from fedgmr.baselines.structure import WidthStructure
+from fedgmr.device import module_device
 from fedgmr.models.scaler import has_batch_norm, recompute_bn_stats
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
@@ -40,13 +41,15 @@ class BNStatistics:
 
     def __init__(self, model: nn.Module, space: ParamSpace, x: torch.Tensor, batch_size: int = 256,
                  structure: WidthStructure | None = None, widths: Sequence[float] = ()) -> None:
-        self.model, self.space, self.x, self.batch_size = model, space, x, batch_size
+        self.model, self.space, self.x, self.batch_size = model, space, x, batch_size  # x: on any device
         self.structure = structure
         self.widths = list(widths)
         self.width_buffers: list[dict[str, torch.Tensor]] = []
 
     def _batches(self) -> list[torch.Tensor]:
-        return [self.x[i:i + self.batch_size] for i in range(0, len(self.x), self.batch_size)]
+        """The split in batches, on the model's device."""
+        device = module_device(self.model)
+        return [self.x[i:i + self.batch_size].to(device) for i in range(0, len(self.x), self.batch_size)]
 
     def __call__(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         self.space.load(self.model, params)
@@ -73,7 +76,7 @@ class BaselineStrategy(MaskedBufferedStrategy):
 
     def __init__(self, *args, label_keep: Sequence[torch.Tensor] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.label_keep = list(label_keep) if label_keep is not None else None
+        self.label_keep = [k.to(self.device) for k in label_keep] if label_keep is not None else None
 
     def receive(self, reply: Reply) -> bool:
         cid = reply.client_id
@@ -82,7 +85,8 @@ class BaselineStrategy(MaskedBufferedStrategy):
             a = self._outstanding.get(cid)
             if a is not None and reply.values.numel() == int(a.mask.sum()):
                 keep = self.label_keep[cid]
-                reply = dataclasses.replace(reply, mask=a.mask & keep, values=reply.values[keep[a.mask]])
+                values = reply.values.to(self.device)
+                reply = dataclasses.replace(reply, mask=a.mask & keep, values=values[keep[a.mask]])
         return super().receive(reply)
 
 

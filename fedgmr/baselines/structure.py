@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace
+from fedgmr.device import module_device
 
 IndexLists = dict[str, list[torch.Tensor]]
 WidthBuilder = Callable[[float], nn.Module]
@@ -128,18 +129,21 @@ def project(mask: torch.Tensor, space: ParamSpace) -> IndexLists:
 
 
 def gather_indices(space: ParamSpace, lists: IndexLists) -> torch.Tensor:
-    """Full flat positions of the sub-model's flat vector, in the sub-model's order."""
+    """Full flat positions of the sub-model's flat vector, in the sub-model's order (on
+    the index lists' device)."""
+    device = next((l.device for ls in lists.values() for l in ls), torch.device("cpu"))
     parts = []
     for info in space.params:
-        positions = torch.arange(info.offset, info.offset + info.numel).view(info.shape)
+        positions = torch.arange(info.offset, info.offset + info.numel, device=device).view(info.shape)
         parts.append(positions[torch.meshgrid(*lists[info.name], indexing="ij")].reshape(-1))
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=device)
 
 
 def mask_of(space: ParamSpace, lists: IndexLists) -> torch.Tensor:
     """The bool mask over the full flat vector that the index lists select."""
-    mask = torch.zeros(space.numel, dtype=torch.bool)
-    mask[gather_indices(space, lists)] = True
+    gather = gather_indices(space, lists)
+    mask = torch.zeros(space.numel, dtype=torch.bool, device=gather.device)
+    mask[gather] = True
     return mask
 
 
@@ -160,27 +164,39 @@ class WidthStructure:
     ----------
     build: ``build(width) -> nn.Module``, the registered builder at a width rate.
     full: the width-1 model (its parameter layout defines the flat vector).
+    device: where the sub-models and slices live (default: wherever ``full`` is, also
+        after it moved).
     """
 
-    def __init__(self, build: WidthBuilder, full: nn.Module) -> None:
+    def __init__(self, build: WidthBuilder, full: nn.Module, device: torch.device | str | None = None) -> None:
         self.build = build
         self.full = full
         self.space = ParamSpace(full)
+        self._device = None if device is None else torch.device(device)
         self._models: dict[float, tuple[nn.Module, ParamSpace]] = {}
 
+    @property
+    def device(self) -> torch.device:
+        return self._device if self._device is not None else module_device(self.full)
+
     def model(self, rate: float) -> tuple[nn.Module, ParamSpace]:
-        """The (cached) width-``rate`` model and its layout; its weights are scratch."""
+        """The (cached) width-``rate`` model, on :attr:`device`, and its layout; its
+        weights are scratch."""
         key = round(float(rate), 12)
         if key not in self._models:
             m = self.build(rate)
             self._models[key] = (m, ParamSpace(m, self.space.output_layer))
-        return self._models[key]
+        m, space = self._models[key]
+        device = self.device
+        if module_device(m) != device:
+            m.to(device)
+        return m, space
 
     def slice(self, rate: float, shift: int = 0) -> Slice:
         sub, _ = self.model(rate)
         lists = index_lists(self.full, sub, shift)
-        gather = gather_indices(self.space, lists)
-        mask = torch.zeros(self.space.numel, dtype=torch.bool)
+        gather = gather_indices(self.space, lists).to(self.device)
+        mask = torch.zeros(self.space.numel, dtype=torch.bool, device=gather.device)
         mask[gather] = True
         return Slice(float(rate), int(shift), mask, gather)
 

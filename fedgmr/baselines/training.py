@@ -54,7 +54,7 @@ class ModelSpec:
 def _flat_grad(model: nn.Module, space: ParamSpace) -> torch.Tensor:
     named = dict(model.named_parameters())
     return torch.cat([(named[p.name].grad if named[p.name].grad is not None
-                       else torch.zeros(p.shape)).reshape(-1) for p in space.params])
+                       else torch.zeros(p.shape, device=named[p.name].device)).reshape(-1) for p in space.params])
 
 
 @dataclass
@@ -98,28 +98,31 @@ class WidthTrainer(_WidthBase):
                  val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
         ws = self.structure(workload)
         rate = self.rate_of(job.mask)
-        mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool)
+        device = job.start.device
+        mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool, device=device)
         sl = ws.slice_from_mask(mask, rate)
         sub, sub_space = ws.model(rate)
         handles = attach_scaler(sub, rate, ws.space.output_layer) if self.scaler else []
         settings: TrainSettings = workload.settings
         if self.label_split and settings.task == "classification":
-            handles.append(sub.register_forward_hook(_label_mask_hook(y, self.build.num_classes)))
+            handles.append(sub.register_forward_hook(_label_mask_hook(y, self.build.num_classes, device)))
         try:
             out = masked_local_training(sub, sub_space, job.start[sl.gather], {}, None, x, y, settings,
                                         job.seed, val)
         finally:
             for h in handles:
                 h.remove()
-        full = torch.zeros(ws.space.numel)
+        full = torch.zeros(ws.space.numel, device=out.params.device)
         full[sl.gather] = out.params
         # static BatchNorm: no statistics travel; the server re-estimates them
         return TrainOutcome(full, job.buffers, out.loss, out.num_samples, out.val_score, out.num_processed)
 
 
-def _label_mask_hook(y: torch.Tensor, num_classes: int) -> Callable[..., torch.Tensor]:
+def _label_mask_hook(y: torch.Tensor, num_classes: int,
+                     device: torch.device | str = "cpu") -> Callable[..., torch.Tensor]:
     present = torch.zeros(num_classes, dtype=torch.bool)
     present[torch.unique(y)] = True
+    present = present.to(device)  # the logits' device
 
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         return output.masked_fill(~present, 0.0) if module.training else output
@@ -147,11 +150,12 @@ class OrderedDropoutTrainer(_WidthBase):
         ws = self.structure(workload)
         s: TrainSettings = workload.settings
         rate = self.rate_of(job.mask)
-        mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool)
+        device = job.start.device
+        mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool, device=device)
         top = ws.slice_from_mask(mask, rate)
         widths = allowed_widths(self.p_values, rate)
-        pos = torch.full((ws.space.numel,), -1, dtype=torch.long)
-        pos[top.gather] = torch.arange(top.gather.numel())
+        pos = torch.full((ws.space.numel,), -1, dtype=torch.long, device=device)
+        pos[top.gather] = torch.arange(top.gather.numel(), device=device)
         maps = []
         for p in widths:
             m = pos[ws.slice(p, 0).gather]
@@ -167,7 +171,7 @@ class OrderedDropoutTrainer(_WidthBase):
         last = len(widths) - 1
         for _ in range(s.local_steps):
             idx = batches.next()
-            xb, yb = x[idx], y[idx]
+            xb, yb = x[idx].to(device), y[idx].to(device)
             j = int(torch.randint(len(widths), (1,), generator=pgen))
             grad = torch.zeros_like(w)
             target = None
@@ -187,7 +191,7 @@ class OrderedDropoutTrainer(_WidthBase):
             sub, sub_space = ws.model(rate)
             sub_space.load(sub, w)
             val_score, _ = evaluate(sub, val[0], val[1], s.task, s.pad_index)
-        full = torch.zeros(ws.space.numel)
+        full = torch.zeros(ws.space.numel, device=device)
         full[top.gather] = w
         return TrainOutcome(full, job.buffers, total / max(s.local_steps, 1), len(y), val_score,
                             s.local_steps * batches.bs)
@@ -222,8 +226,8 @@ class FiarseTrainer:
 
     def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
                  val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
-        if self._groups is None:
-            self._groups = fiarse_math.score_groups(workload.model, workload.space, self.scope)
+        if self._groups is None or self._groups.device != job.start.device:
+            self._groups = fiarse_math.score_groups(workload.model, workload.space, self.scope).to(job.start.device)
         return fiarse_local_training(workload.model, workload.space, job.start, job.buffers, job.mask,
                                      self._groups, x, y, workload.settings, job.seed, val)
 
@@ -243,7 +247,9 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     """
     if len(y) == 0:
         raise ValueError("cannot train on an empty client data set")
-    extracted = torch.ones(space.numel, dtype=torch.bool) if mask is None else mask.clone()
+    device = start.device  # the model's: masks, groups and batches follow it
+    extracted = torch.ones(space.numel, dtype=torch.bool, device=device) if mask is None else mask.clone()
+    groups = groups.to(device)
     scored = groups >= 0
     theta = fiarse_math.thresholds_from_mask(start, extracted, groups)
     w = start.clone()
@@ -259,7 +265,8 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         space.load(model, w * m)
         for q in model.parameters():
             q.grad = None
-        loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
+        loss = task_loss(model(x[idx].to(device)), y[idx].to(device), settings.task, settings.loss,
+                         settings.pad_index)
         loss.backward()
         g = _flat_grad(model, space) * m
         kept = scored & m

@@ -21,7 +21,9 @@ from fedgmr.algorithm.staleness import make_staleness
 from fedgmr.baselines import hooks as baseline_hooks
 from fedgmr.config import ExperimentConfig
 from fedgmr.data import FederatedData, Partition, load_dataset, make_partition
+from fedgmr.device import resolve_device, to_device
 from fedgmr.errors import ConfigError
+from fedgmr.experiment.diagnostics import Diagnostics
 from fedgmr.models import build_model
 from fedgmr.registry import Registry
 from fedgmr.sim.executor import ClientWorkload, Executor, SerialExecutor
@@ -34,7 +36,7 @@ from fedgmr.training.local import TrainSettings
 
 #: executors by name: ``factory(workload, config) -> Executor``
 EXECUTORS: Registry[Callable[[ClientWorkload, ExperimentConfig], Executor]] = Registry("executor")
-EXECUTORS.register("serial", lambda workload, cfg: SerialExecutor(workload))
+EXECUTORS.register("serial", lambda workload, cfg: SerialExecutor(workload.to(resolve_device(cfg.run.device))))
 EXECUTORS.register("process", make_process_executor)
 EXECUTORS.register("ray", make_ray_executor)
 
@@ -169,7 +171,7 @@ def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, mode
     if hasattr(factory, "from_config"):  # structured baseline policies (fedgmr.baselines)
         return factory.from_config(space, params, model, cfg, width_builder)
     if factory is FullModelPolicy:
-        return FullModelPolicy(space)
+        return FullModelPolicy(space, device=params.device)
     if factory is MagnitudePolicy:
         return MagnitudePolicy(space, cfg.submodel.ladder, params, cfg.submodel.layer_floor,
                                mask_costs(cfg, space, model, example), refresh_steps(cfg), cfg.submodel.density_basis)
@@ -188,7 +190,11 @@ def _trigger(cfg: ExperimentConfig) -> RestorationTrigger:
 
 def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
                      data: FederatedData | None = None) -> Experiment:
-    """Wire up a :class:`Simulator` for ``cfg`` (pass ``data`` to reuse a loaded data set)."""
+    """Wire up a :class:`Simulator` for ``cfg`` (pass ``data`` to reuse a loaded data set).
+
+    The model is initialised on the CPU (the same weights on every device), then the
+    global model, its buffers, masks, aggregation and evaluation live on ``run.device``."""
+    device = resolve_device(cfg.run.device)  # first: a missing GPU is refused before any work
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     streams = Streams.from_seed(cfg.seed)
@@ -197,13 +203,13 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     factory = model_factory(cfg, data)
     model = init_model(factory, streams.init)
     space = ParamSpace(model)
-    params = space.flatten(model)
-    buffers = get_buffers(model)
+    params = space.flatten(model).to(device)
+    buffers = to_device(get_buffers(model), device)
     n = cfg.clients.num_clients
     tiers = tier_densities(cfg.clients.heterogeneity, n)
     example = data.train.x[:1]
     policy = _policy(cfg, space, params, model, example, baseline_hooks.width_builder(cfg, data))
-    baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory)
+    baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory, device)
     if isinstance(policy, FullModelPolicy):
         ladder = DensityLadder((1.0,), [0] * n)
     else:
@@ -222,7 +228,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
             raise ConfigError("aggregation.bn_stats 'server' needs a server validation split (data.val_fraction > 0)")
         from fedgmr.baselines.server import BNStatistics  # the baselines' static-BN pass
 
-        extra["bn_stats"] = BNStatistics(factory(), space, x[torch.as_tensor(partition.server_val, dtype=torch.long)])
+        extra["bn_stats"] = BNStatistics(factory().to(device), space,
+                                         x[torch.as_tensor(partition.server_val, dtype=torch.long)])
     try:
         strategy = strategy_cls(
             space, params, buffers, policy, ladder, rule,
@@ -239,7 +246,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         raise ConfigError(str(exc)) from None
     workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
 
-    eval_model = factory()
+    eval_model = factory().to(device)
     val_x, val_y = x[partition.server_val], y[partition.server_val]
     splits = {"test": (data.test.x, data.test.y), "val": (val_x, val_y)}
 
@@ -250,6 +257,19 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         if len(sy) == 0:
             raise ConfigError(f"the {split} split is empty (check data.val_fraction)")
         return evaluate(eval_model, sx, sy, data.task, data.pad_index)
+
+    def evaluate_split(flat: torch.Tensor, bufs: dict[str, torch.Tensor], sx: torch.Tensor,
+                       sy: torch.Tensor) -> tuple[float, float]:
+        space.load(eval_model, flat)
+        set_buffers(eval_model, bufs)
+        return evaluate(eval_model, sx, sy, data.task, data.pad_index)
+
+    diagnostics = Diagnostics(
+        evaluate_test=lambda flat, bufs: evaluator(flat, bufs, "test")[0],
+        level_masks=lambda: [strategy.policy.mask(level) for level in range(len(strategy.ladder.ladder))],
+        levels=lambda: list(strategy.ladder.ladder),
+        client_splits=[(x[idx], y[idx]) for idx in partition.client_val], evaluate_split=evaluate_split,
+        level_every=cfg.run.level_eval_every, client_every=cfg.run.client_eval_every)
 
     net = cfg.network
     network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,
@@ -272,7 +292,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     try:
         sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
                         cfg.run.eval_every, check, byte_scale(cfg, space), wants_client_validation(cfg), on_record,
-                        cfg.run.eval_interval)
+                        cfg.run.eval_interval, diagnostics if diagnostics.enabled else None)
     except BaseException:
         executor.close()
         raise

@@ -7,6 +7,9 @@ A checkpoint is a directory ``checkpoint/`` with
   sha256 and the sha256 of the metrics written so far;
 * ``manifest.json`` - written last: size and sha256 of the two files above.
 
+Tensors are saved from the CPU, whatever ``run.device`` the run had, so a checkpoint
+written on a GPU resumes on the CPU and vice versa.
+
 It is written to ``.checkpoint.tmp`` (each file fsynced), renamed into place and the
 directory fsynced, so a crash mid-write leaves the previous checkpoint intact. Loading
 verifies the manifest: a damaged or truncated file is a one-line
@@ -46,8 +49,9 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], tensors: dict[st
     final = run_dir / CHECKPOINT_DIR
     tmp = run_dir / f".{CHECKPOINT_DIR}.tmp"
     old = run_dir / f".{CHECKPOINT_DIR}.old"
-    # safetensors refuses tensors that share memory: give each key its own copy
-    blob = save_tensors({k: v.detach().contiguous().clone() for k, v in tensors.items()})
+    # safetensors refuses tensors that share memory: give each key its own copy, on the CPU
+    # (a checkpoint is device-agnostic: the strategy moves what it loads to its own device)
+    blob = save_tensors({k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()})
     text = json.dumps({**state, "format": FORMAT}).encode("utf-8")
     manifest = {"format": FORMAT, "step": state.get("step"),
                 "files": {STATE_TENSORS: {"bytes": len(blob), "sha256": sha256_bytes(blob)},

@@ -1,9 +1,15 @@
-"""The evaluation protocol (SPEC 9): Acc@t*, MRI and time-to-accuracy.
+"""The evaluation protocol (docs/reference.md §9): Acc@t*, MRI and time-to-accuracy.
 
-Reading run directories for ``compare`` and ``plot``: a missing directory, an empty or
-damaged ``metrics.jsonl`` (a record that is not a JSON object, lacks ``time`` /
+Reading run directories for ``compare``, ``plot`` and ``table``: a missing directory, an
+empty or damaged ``metrics.jsonl`` (a record that is not a JSON object, lacks ``time`` /
 ``accuracy``, holds a non-number, or goes back in time) or an unreadable ``summary.json`` /
 ``config.yaml`` is a :class:`~fedgmr.errors.RunDirError` naming the file (and line).
+
+Every runtime writes one schema (the simulator's records and summary): the simulator and
+its executors (serial, process, Ray) with ``time`` in virtual seconds (``clock: virtual``
+in the summary), a Flower deployment with ``time`` in wall-clock seconds since the server
+loop started (``clock: wall``; the records also keep ``wall_time``). A summary without a
+``clock`` is a simulator's.
 """
 
 from __future__ import annotations
@@ -17,6 +23,16 @@ import numpy as np
 
 from fedgmr.errors import ConfigError, RunDirError
 
+#: the keys every runtime writes in each ``metrics.jsonl`` record (a runtime may add more:
+#: a Flower run adds ``wall_time``, ``timeouts``, ``errors``, ...)
+RECORD_KEYS = ("time", "step", "accuracy", "loss", "avg_density", "bytes_up", "bytes_down", "uploads", "downloads",
+               "densities", "val_accuracy", "restored", "restorations", "staleness_mean", "min_coverage", "rejected")
+#: the keys every runtime writes in ``summary.json`` (``t_star``, ``acc_at_t_star`` and
+#: ``acc_at_t_star_std`` too when the run has a t*)
+SUMMARY_KEYS = ("name", "method", "seed", "status", "runtime", "clock", "final_accuracy", "best_accuracy", "time",
+                "steps", "final_avg_density", "restorations", "bytes_up", "bytes_down", "uploads", "downloads",
+                "rejected_updates", "wall_time_s", "evaluations", "eval_interval")
+
 #: the record fields ``compare`` needs; ``plot`` also needs ``avg_density``
 COMPARE_FIELDS = ("time", "accuracy")
 PLOT_FIELDS = ("time", "accuracy", "avg_density")
@@ -26,7 +42,7 @@ def acc_at_t(times: Sequence[float], accs: Sequence[float], t_star: float, half_
              interval: float | None = None, span: float | None = None) -> tuple[float, float]:
     """Acc@t*: mean and (population) std of the evaluations in a window around ``t_star``.
 
-    On a virtual-time grid (``interval`` = the grid step Δ, SPEC 9) the window is the time
+    On a virtual-time grid (``interval`` = the grid step Δ, docs/reference.md §9.2) the window is the time
     span ``[t* - 10Δ, t* + 10Δ)``: 20 grid evaluations, the same span of time for every
     method. ``span`` sets the half-width in seconds directly (for runs evaluated off a
     grid). With neither, the authors' index window: the evaluations ``[i-10, i+10)``
@@ -107,7 +123,9 @@ def check_records(rows: Sequence[dict[str, Any]], path: str | Path, fields: Sequ
     for n, row in enumerate(rows, 1):
         for key in fields:
             if key not in row:
-                raise RunDirError(f"{path}: record {n} has no '{key}' field (needed: {', '.join(fields)})")
+                hint = ("; it has 'wall_time': a Flower run written before every runtime wrote 'time' (rerun it)"
+                        if key == "time" and "wall_time" in row else "")
+                raise RunDirError(f"{path}: record {n} has no '{key}' field (needed: {', '.join(fields)}){hint}")
             if not _number(row[key]):
                 raise RunDirError(f"{path}: record {n} has '{key}' = {row[key]!r:.40}, expected a finite number")
         if "accuracy" in fields and not 0 <= row["accuracy"] <= 1:
@@ -140,10 +158,51 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
     return summary
 
 
+def run_clock(run_dir: str | Path) -> str:
+    """The clock of a run directory's ``time``: ``virtual`` (the simulator; also a run
+    whose summary predates the key or is not written yet) or ``wall`` (a Flower run)."""
+    summary = read_summary(run_dir)
+    clock = summary.get("clock", "virtual")
+    if clock not in ("virtual", "wall"):
+        raise RunDirError(f"{Path(run_dir) / 'summary.json'} is damaged: clock is {clock!r:.40}, expected "
+                          f"'virtual' or 'wall'")
+    return clock
+
+
 def run_label(run_dir: str | Path) -> str:
-    """The method a run directory holds (its summary's ``method``, else the folder name)."""
-    method = read_summary(run_dir).get("method")
-    return method if isinstance(method, str) and method else Path(run_dir).name
+    """The method a run directory holds (its summary's ``method``, else the folder name);
+    a wall-clock run is marked with its runtime, e.g. ``fedgmr (flower)``."""
+    summary = read_summary(run_dir)
+    method = summary.get("method")
+    label = method if isinstance(method, str) and method else Path(run_dir).name
+    if run_clock(run_dir) == "wall":
+        runtime = summary.get("runtime")
+        label += f" ({runtime if isinstance(runtime, str) and runtime else 'wall clock'})"
+    return label
+
+
+def summary_t_star(run_dirs: Sequence[str | Path], required: bool = True) -> float | None:
+    """The t* the runs' summaries agree on (``t_star``; runs without one are left out).
+
+    :class:`ConfigError` when two runs disagree, or (``required``) when none has one;
+    otherwise None when none has one."""
+    found: dict[float, list[str]] = {}
+    for d in run_dirs:
+        value = read_summary(d).get("t_star")
+        if value is None:
+            continue
+        if not (_number(value) and value >= 0):
+            raise RunDirError(f"{Path(d) / 'summary.json'} is damaged: t_star is {value!r:.40}, expected a time >= 0")
+        found.setdefault(float(value), []).append(str(d))
+    if len(found) > 1:
+        which = "; ".join(f"{t:g} in {', '.join(dirs)}" for t, dirs in found.items())
+        raise ConfigError(f"the runs' summaries disagree on t* ({which}): pass --t-star")
+    if not found:
+        if required:
+            raise ConfigError("no run's summary.json has a t_star (set run.t_star in the config, or t-star in a "
+                              "Flower run config): pass --t-star")
+        return None
+    return next(iter(found))
 
 
 def run_eval_interval(run_dir: str | Path) -> float | None:
@@ -173,7 +232,8 @@ def run_eval_interval(run_dir: str | Path) -> float | None:
 #: keys that say how a run was executed, not what it computed (and the seed): runs that
 #: differ only in these are seeds of one experiment
 EXECUTION_KEYS = frozenset({"seed", "data.root", "run.executor", "run.workers", "run.torch_threads",
-                            "run.ray_address", "run.checkpoint_every", "run.checkpoint_seconds"})
+                            "run.ray_address", "run.checkpoint_every", "run.checkpoint_seconds", "run.device",
+                            "run.loggers", "run.mlflow_uri"})
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -205,6 +265,7 @@ def experiment_identity(run_dir: str | Path) -> str | None:
     if cfg is None:
         return None
     flat = {k: v for k, v in flatten_config(cfg).items() if k not in EXECUTION_KEYS}
+    flat["clock"] = run_clock(run_dir)  # a Flower run and a simulation of one config are not seeds of one row
     return json.dumps(flat, sort_keys=True, default=str)
 
 
@@ -230,7 +291,7 @@ def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | 
     if not run_dirs:
         raise ConfigError("give at least one run directory")
     if not _number(t_star) or t_star < 0:
-        raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 in virtual seconds (got {t_star})")
+        raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 in seconds (got {t_star})")
     if span is not None and not (_number(span) and span > 0):
         raise ConfigError(f"invalid value for '--window': must be a finite number of seconds > 0 (got {span})")
     if target is not None and not (_number(target) and 0 < target <= 1):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import os
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -76,3 +78,160 @@ def write_plot(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str |
         return plot_runs(runs, path, title=title, t_star=t_star)
     except OSError as exc:
         raise FedGMRError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+
+
+@dataclass
+class Curve:
+    """One line of a :func:`draw_curves` figure, with optional shaded bands."""
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    #: (low, high) shaded around the line (± std over seeds, the 10-90 % of clients)
+    band: tuple[np.ndarray, np.ndarray] | None = None
+    #: a second, lighter band (the min-max of clients)
+    outer: tuple[np.ndarray, np.ndarray] | None = None
+    #: (x, y) on the right axis, dashed (average density)
+    dashed: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: str, title: str | None = None,
+                vline: float | None = None, right_label: str | None = None) -> Path:
+    """One figure: a line per curve (with its bands), a dashed right-axis series per curve
+    that has one, an optional vertical mark (t*)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    ax2 = ax.twinx() if any(c.dashed is not None for c in curves) else None
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, c in enumerate(curves):
+        color = colors[i % len(colors)]
+        if c.outer is not None:
+            ax.fill_between(c.x, *c.outer, color=color, alpha=0.12, lw=0)
+        if c.band is not None:
+            ax.fill_between(c.x, *c.band, color=color, alpha=0.25, lw=0)
+        ax.plot(c.x, c.y, color=color, lw=1.6, label=c.label)
+        if c.dashed is not None and ax2 is not None:
+            ax2.plot(*c.dashed, color=color, lw=1.1, ls="--", alpha=0.8)
+    if ax2 is not None:
+        ax2.set_ylabel(right_label or "")
+        ax2.set_ylim(0, 1.05)
+    if vline is not None:
+        ax.axvline(vline, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise FedGMRError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _x_label(axis: str, run_dirs: Sequence[Path]) -> str:
+    """The axis label; ``time`` says which clock the runs' ``time`` counts."""
+    from fedgmr.experiment.curves import X_AXES
+    from fedgmr.experiment.metrics import run_clock
+
+    if axis != "time":
+        return X_AXES.get(axis).label
+    clocks = {run_clock(d) for d in run_dirs}
+    return {frozenset({"virtual"}): "virtual time (s)", frozenset({"wall"}): "wall-clock time (s)"}.get(
+        frozenset(clocks), "time (s; virtual, wall-clock for a Flower run)")
+
+
+def _run_name(run_dir: Path) -> str:
+    """A run's label: its summary's method (:func:`run_label`), else its config's, else
+    the folder name."""
+    from fedgmr.experiment.curves import run_config
+    from fedgmr.experiment.metrics import read_summary, run_label
+
+    method = run_config(run_dir).get("method")
+    if read_summary(run_dir).get("method") or not isinstance(method, str) or not method:
+        return run_label(run_dir)
+    return method
+
+
+def metric_curves(run_dirs: Sequence[str | Path], x: str = "time", metric: str = "accuracy",
+                  bands: bool = True) -> list[Curve]:
+    """The curves of ``fedgmr plot``: ``metric`` against ``x`` for each run (a directory
+    without ``metrics.jsonl`` stands for the runs under it, e.g. a sweep). Seeds of one
+    experiment are one mean line with a ±1 std band (``bands``), else every run is a
+    line. With accuracy, the average density comes along (dashed, right axis)."""
+    from fedgmr.experiment import curves as cv
+    from fedgmr.experiment.metrics import check_records, read_metrics
+
+    cv.choice(cv.X_AXES, x, "--x")
+    spec = cv.choice(cv.METRICS, metric, "--metric")
+    dirs = cv.expand_runs(run_dirs)
+    fields = (("time",) if x == "time" else ()) + (("accuracy", "avg_density") if metric == "accuracy" else (spec.key,))
+    rows = {}
+    for d in dirs:
+        rows[d] = read_metrics(d)
+        check_records(rows[d], d / "metrics.jsonl", fields)
+        cv.axis_values(rows[d], x, d / "metrics.jsonl")  # e.g. no 'wall_time' in a simulator run: one line
+    groups = cv.group_seeds(dirs) if bands else [[d] for d in dirs]
+    labels = cv.group_labels(groups, [_run_name(g[0]) for g in groups])
+    out = []
+    for label, group in zip(labels, groups):
+        series = [(cv.axis_values(rows[d], x, d), cv.metric_values(rows[d], metric, d)) for d in group]
+        density = ([(xs, cv.metric_values(rows[d], "avg_density", d)) for d, (xs, _) in zip(group, series)]
+                   if metric == "accuracy" else None)
+        if len(group) == 1:
+            (xs, ys), = series
+            out.append(Curve(label, xs, ys, dashed=density[0] if density else None))
+            continue
+        try:
+            band = cv.seed_band(series)
+        except FedGMRError as exc:
+            raise type(exc)(f"{label}: {exc}") from None
+        dens = cv.seed_band(density) if density else None
+        out.append(Curve(f"{label} (mean ± std, {band.n} seeds)", band.x, band.mean,
+                         band=(band.mean - band.std, band.mean + band.std),
+                         dashed=(dens.x, dens.mean) if dens else None))
+    return out
+
+
+def plot_metric(run_dirs: Sequence[str | Path], path: str | Path, x: str = "time", metric: str = "accuracy",
+                bands: bool = True, t_star: float | None = None) -> Path:
+    """``fedgmr plot``: :func:`metric_curves` drawn, t* marked when ``x`` is time."""
+    from fedgmr.experiment.curves import METRICS, expand_runs
+
+    curves = metric_curves(run_dirs, x, metric, bands)
+    return draw_curves(curves, path, _x_label(x, expand_runs(run_dirs)), METRICS.get(metric).label,
+                       vline=t_star if x == "time" else None,
+                       right_label="average density (dashed)" if metric == "accuracy" else None)
+
+
+def plot_levels(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
+    """``fedgmr plot --levels``: one accuracy curve per ladder level of one run."""
+    from fedgmr.experiment import curves as cv
+    from fedgmr.experiment.metrics import read_run_metrics, run_label
+
+    run_dir = Path(run_dir)
+    rows = read_run_metrics(run_dir, ("accuracy",))
+    levels = cv.level_curves(rows, x, run_dir / "metrics.jsonl")
+    out = [Curve(f"level {i} (density {level:g})", xs, ys) for i, (level, xs, ys) in enumerate(levels)]
+    full = [(cv.axis_values(rows, x, run_dir / "metrics.jsonl"), cv.metric_values(rows, "accuracy", run_dir))]
+    out.append(Curve("global model", full[0][0], full[0][1]))
+    return draw_curves(out, path, _x_label(x, [run_dir]), "test accuracy (%)",
+                       title=f"{run_label(run_dir)}: accuracy under each level's mask")
+
+
+def plot_clients(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
+    """``fedgmr plot --clients``: mean per-client accuracy with its 10-90 % and min-max
+    bands over the clients, of one run."""
+    from fedgmr.experiment import curves as cv
+    from fedgmr.experiment.metrics import read_run_metrics, run_label
+
+    run_dir = Path(run_dir)
+    spread = cv.client_spread(read_run_metrics(run_dir, ("accuracy",)), x, run_dir / "metrics.jsonl")
+    curve = Curve(f"mean of {spread.clients} clients (bands: 10-90 %, min-max)", spread.x, spread.mean,
+                  band=(spread.p10, spread.p90), outer=(spread.lo, spread.hi))
+    return draw_curves([curve], path, _x_label(x, [run_dir]), "client accuracy (%)",
+                       title=f"{run_label(run_dir)}: accuracy on each client's held-out split")

@@ -41,6 +41,8 @@ RUN_ENTRIES: tuple[str, ...] = (
     CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PLOT_FILE, CHECKPOINT_DIR,
     f".{CHECKPOINT_DIR}.tmp", f".{CHECKPOINT_DIR}.old",
     f".{CONFIG_FILE}.tmp", f".{SUMMARY_FILE}.tmp",
+    # the trackers' files (fedgmr.experiment.loggers.LOGGER_ENTRIES)
+    "loggers.json", ".loggers.json.tmp", "tensorboard", "mlruns", "wandb",
 )
 #: entries that only a run writes: their presence makes a directory a fedgmr run directory
 RUN_MARKERS: tuple[str, ...] = (METRICS_FILE, SUMMARY_FILE, CHECKPOINT_DIR, f".{CHECKPOINT_DIR}.old")

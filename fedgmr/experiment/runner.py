@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from fedgmr.data import FederatedData
 from fedgmr.errors import ConfigError, RunDirError, RunFailedError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
-from fedgmr.experiment.metrics import acc_at_t
+from fedgmr.experiment.loggers import RunLoggers
+from fedgmr.experiment.metrics import acc_at_t, read_metrics
 from fedgmr.experiment.plots import plot_runs
 from fedgmr.experiment.rundir import (CONFIG_FILE, LOCK_FILE, METRICS_FILE, PLOT_FILE, SUMMARY_FILE, RunLock, clear,
                                       config_digest, fsync_file, holds_run, is_run_dir, prepare, write_atomic,
@@ -62,13 +64,18 @@ def saved_config(run_dir: str | Path) -> ExperimentConfig:
 
 
 class _Progress:
-    """A rich progress bar over server steps or virtual time (silent when disabled)."""
+    """Progress over server steps or virtual time: a rich bar (``enabled``), or a plain
+    line on stderr every ``every`` seconds of wall time and at the end (for logs: nohup,
+    SLURM, CI), or nothing."""
 
-    def __init__(self, cfg: ExperimentConfig, enabled: bool) -> None:
+    def __init__(self, cfg: ExperimentConfig, enabled: bool, every: float | None = None) -> None:
         self.enabled = enabled
         self.by_steps = cfg.run.max_steps is not None
         self.total = float(cfg.run.max_steps if self.by_steps else cfg.run.max_time)  # type: ignore[arg-type]
         self.bar = None
+        self.every = None if enabled else every
+        self.started: tuple[float, float] | None = None  # (wall clock, progress) at the first update
+        self.last_line = -math.inf
         if enabled:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -86,14 +93,40 @@ class _Progress:
         if self.bar:
             self.bar.__exit__(*exc)
 
-    def update(self, sim: Simulator, acc: float | None) -> None:
-        if not self.bar:
-            return
+    def update(self, sim: Simulator, acc: float | None, final: bool = False) -> None:
         done = sim.step if self.by_steps else min(sim.now, self.total)
-        info = f"step {sim.step}  t={sim.now:,.0f}s  density {sum(sim.strategy.densities()) / sim.strategy.num_clients:.2f}"
-        if acc is not None:
-            info += f"  acc {100 * acc:.1f}%"
-        self.bar.update(self.task, completed=done, info=info)
+        if self.bar:
+            info = f"step {sim.step}  t={sim.now:,.0f}s  density {sum(sim.strategy.densities()) / sim.strategy.num_clients:.2f}"
+            if acc is not None:
+                info += f"  acc {100 * acc:.1f}%"
+            self.bar.update(self.task, completed=done, info=info)
+        elif self.every is not None:
+            now = time.monotonic()
+            if self.started is None:
+                self.started = (now, done)  # a resumed run: the rate counts this process's progress only
+                self.last_line = now
+            if final or now - self.last_line >= self.every:
+                self.last_line = now
+                self._line(sim, acc, done, now, final)
+
+    def _line(self, sim: Simulator, acc: float | None, done: float, now: float, final: bool) -> None:
+        """``progress: step=12/30 virtual_time=123.4s acc=45.20% avg_density=0.412 restorations=2
+        elapsed=0:00:12 eta=0:00:30`` (a time-bound run: ``step=12 virtual_time=123.4/600s``)."""
+        assert self.started is not None
+        elapsed = now - self.started[0]
+        rate = (done - self.started[1]) / elapsed if elapsed > 0 else 0.0
+        eta = "0:00:00" if final else (_hms((self.total - done) / rate) if rate > 0 else "?")
+        step = f"{sim.step}/{self.total:.0f}" if self.by_steps else f"{sim.step}"
+        vtime = f"{sim.now:.1f}s" if self.by_steps else f"{sim.now:.1f}/{self.total:.0f}s"
+        dens = sum(sim.strategy.densities()) / sim.strategy.num_clients
+        print(f"progress: step={step} virtual_time={vtime} acc={'n/a' if acc is None else f'{100 * acc:.2f}%'} "
+              f"avg_density={dens:.3f} restorations={sim.strategy.ladder.restorations} elapsed={_hms(elapsed)} "
+              f"eta={eta}", file=sys.stderr, flush=True)
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class _MetricsLog:
@@ -149,16 +182,23 @@ def _verify_metrics(path: Path, expected: Any, records: int) -> int:
 
 
 def _check_resumable(out: Path, cfg: ExperimentConfig, state: dict[str, Any]) -> None:
-    """The checkpoint belongs to this run: config.yaml and ``cfg`` match its config hash."""
+    """The checkpoint belongs to this run: config.yaml and ``cfg`` match its config hash.
+    ``cfg`` may name another ``run.device``: a checkpoint resumes on any device."""
     config_path = out / CONFIG_FILE
     try:
-        on_disk = config_digest(read_config_file(config_path))
+        raw = read_config_file(config_path)
     except ConfigError as exc:
         raise RunDirError(f"{config_path}: {exc}") from None
+    on_disk = config_digest(raw)
     if on_disk != state.get("config_sha256"):
         raise RunDirError(f"{config_path} was changed after the checkpoint was written (it does not match the "
                           f"checkpoint's config hash); restore it, or start a new run in another directory")
-    if config_digest(cfg) != on_disk:
+    try:  # keys added to the library since the run started take their defaults (which keep the old behaviour)
+        saved = parse_config(raw)
+    except ConfigError as exc:
+        raise RunDirError(f"{config_path}: {exc}") from None
+    moved = saved.model_copy(update={"run": saved.run.model_copy(update={"device": cfg.run.device})})
+    if config_digest(cfg) != config_digest(moved):
         raise RunDirError(f"the config given differs from {config_path}, the config of the run to resume")
 
 
@@ -202,6 +242,9 @@ def _failure(sim: Simulator, limit: int) -> str | None:
     if sim.step == 0:
         if uploads == 0:
             return f"no client update arrived by t={sim.now:,.1f}s: no server step could be aggregated"
+        if rejected == 0:  # updates arrived, but the first aggregation waits for more (e.g. a synchronous round)
+            return (f"no server step completed by t={sim.now:,.1f}s: {uploads} client updates arrived, none rejected, "
+                    f"and the first aggregation still waits for more; raise run.max_time or run.max_steps")
         return f"no update could be aggregated: {rejected} of {uploads} client updates were rejected"
     if sim.stalled:
         return (f"the run stalled at step {sim.step} (t={sim.now:,.1f}s) with every client idle: "
@@ -211,8 +254,11 @@ def _failure(sim: Simulator, limit: int) -> str | None:
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False, progress: bool = False,
                    overwrite: bool = False, data: FederatedData | None = None,
-                   stop_after_steps: int | None = None) -> dict[str, Any]:
+                   stop_after_steps: int | None = None, progress_every: float | None = None) -> dict[str, Any]:
     """Run ``cfg`` into ``out_dir`` and return the summary.
+
+    ``progress`` shows a rich progress bar; otherwise ``progress_every`` prints a plain
+    progress line to stderr every that many seconds of wall time (and one at the end).
 
     ``resume`` continues from ``out_dir/checkpoint``; ``cfg`` must be the run's saved
     config (:func:`saved_config`). Metrics written after that checkpoint are discarded
@@ -227,11 +273,14 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
     if resume and overwrite:
         raise ConfigError("resume and overwrite exclude each other")
     out = Path(out_dir)
+    RunLoggers.check(cfg)  # a tracker library that is not installed: one line before anything runs
     created = prepare(out, must_exist=resume)
     lock = RunLock(out)
     lock.acquire()  # refused when another process works on this directory
     try:
-        return _run_locked(cfg, out, resume, progress, overwrite, data, stop_after_steps)
+        with RunLoggers(cfg, out) as loggers:  # closed however the run ends
+            return _run_locked(cfg, out, resume, progress, overwrite, data, stop_after_steps,
+                               progress_every=progress_every, loggers=loggers)
     except BaseException:
         if created:  # e.g. the data failed to load: leave no empty run directory behind
             _discard_if_unused(out)
@@ -241,7 +290,8 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
 
 
 def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, overwrite: bool,
-                data: FederatedData | None, stop_after_steps: int | None) -> dict[str, Any]:
+                data: FederatedData | None, stop_after_steps: int | None,
+                progress_every: float | None = None, loggers: RunLoggers | None = None) -> dict[str, Any]:
     metrics_path = out / METRICS_FILE
     digest = config_digest(cfg)
     ckpt = None
@@ -268,6 +318,8 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
 
     def on_record(rec: dict[str, Any]) -> None:
         sink[0].write(rec)
+        if loggers:
+            loggers.log(rec)
         last_acc[0] = rec["accuracy"]
 
     wall0 = time.perf_counter()
@@ -292,6 +344,8 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
             clear(out)  # everything of a previous run goes, checkpoint included
             sink.append(_MetricsLog(metrics_path))  # first: marks the directory as a run's
             write_atomic(out / CONFIG_FILE, dump_config(cfg))
+        if loggers:  # a resume hands them the records it keeps
+            loggers.open(ckpt is not None, lambda: read_metrics(out))
         every, seconds = cfg.run.checkpoint_every, cfg.run.checkpoint_seconds
         limit = cfg.run.fail_after_rejections or 3 * sim.concurrency
         # [end of the last checkpoint, wall seconds until the next time-triggered one]: a
@@ -317,7 +371,7 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
         def should_stop() -> bool:
             return sim.rejected_streak >= limit or bool(stop_after_steps and sim.step >= stop_after_steps)
 
-        with _Progress(cfg, progress) as bar:
+        with _Progress(cfg, progress, progress_every) as bar:
             def on_step(s: Simulator) -> None:
                 bar.update(s, last_acc[0])
                 if (every and s.step % every == 0) or time.perf_counter() - timer[0] >= timer[1]:
@@ -328,7 +382,7 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
             if failure is None and stop_after_steps and sim.step >= stop_after_steps:
                 return {"interrupted": True, "steps": sim.step}
             sim.finish()
-            bar.update(sim, last_acc[0])
+            bar.update(sim, last_acc[0], final=True)
         sink[0].sync()
     finally:
         if sink:
@@ -336,6 +390,8 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
         _close(exp.executor)
     summary = finalize(out, cfg, wall=prior_wall + time.perf_counter() - wall0, rejected=sim.strategy.rejected,
                        failure=failure)
+    if loggers:
+        loggers.finish(summary)
     if failure is not None:
         raise RunFailedError(f"the run failed: {failure} (metrics and summary in {out})")
     return summary
@@ -356,6 +412,7 @@ def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None
     summary: dict[str, Any] = {
         "name": cfg.name, "method": cfg.method, "seed": cfg.seed,
         "status": "failed" if failure else "completed",
+        "runtime": "simulator", "clock": "virtual",  # `time` and `t_star` are virtual seconds (Flower: wall)
         "final_accuracy": last["accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
         "time": last["time"], "steps": last["step"], "final_avg_density": last["avg_density"],
         "restorations": last["restorations"], "bytes_up": last["bytes_up"], "bytes_down": last["bytes_down"],

@@ -57,6 +57,9 @@ class SweepSpec(BaseModel):
         product of the axes in the order written.
     cases: optional named override sets, one more axis, for variants that change several
         keys at once (e.g. an ablation).
+    imports: your code, imported before the cells are resolved and by every cell: module
+        names (importable from the current directory or ``sys.path``) or ``.py`` files
+        (relative to the sweep file).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -66,6 +69,7 @@ class SweepSpec(BaseModel):
     set: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     cases: list[CaseSpec] = Field(default_factory=list)
+    imports: list[str] = Field(default_factory=list)
 
     @field_validator("grid")
     @classmethod
@@ -111,10 +115,13 @@ def shipped_sweeps() -> list[str]:
     return sorted(str(p.relative_to(SHIPPED).with_suffix("")) for p in SHIPPED.rglob("*.yaml"))
 
 
-def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> tuple[SweepSpec, Path]:
+def load_sweep(path: str | Path, overrides: Iterable[str] = (),
+               imports: Iterable[str] = ()) -> tuple[SweepSpec, Path]:
     """Read and validate a sweep file (a path, or the name of a shipped one); ConfigError
     naming the key on a bad file. ``overrides`` (``key=value`` strings, e.g. from
-    ``--set``) join the file's ``set``."""
+    ``--set``) join the file's ``set``; ``imports`` (e.g. from ``--import``, files relative
+    to the current directory) join the file's ``imports`` (files relative to the sweep
+    file). Files become absolute paths; nothing is imported yet (:func:`import_sweep_code`)."""
     path = Path(path)
     if not path.is_file() and str(path) in shipped_sweeps():
         path = SHIPPED / f"{path}.yaml"
@@ -122,14 +129,16 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> tuple[SweepSp
         raise ConfigError(f"sweep file {path} does not exist (shipped sweeps: {', '.join(shipped_sweeps())})")
     raw = read_config_file(path)
     if not isinstance(raw, dict):
-        raise ConfigError(f"sweep file {path}: the top level must be a mapping (name, base, set, grid, cases)")
+        raise ConfigError(f"sweep file {path}: the top level must be a mapping (name, base, set, grid, cases, "
+                          "imports)")
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         key = ".".join(str(p) for p in first["loc"]) or "<root>"
         if first["type"] == "extra_forbidden":
-            raise ConfigError(f"sweep file {path}: unknown key '{key}' (keys: name, base, set, grid, cases)") from None
+            raise ConfigError(f"sweep file {path}: unknown key '{key}' (keys: name, base, set, grid, cases, "
+                              "imports)") from None
         raise ConfigError(f"sweep file {path}: invalid '{key}': {first['msg'].removeprefix('Value error, ')}") from None
     for item in overrides:
         if "=" not in item:
@@ -138,7 +147,20 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> tuple[SweepSp
         if key.strip() in spec.grid:
             raise ConfigError(f"--set {key.strip()}: it is an axis of the sweep's grid")
         spec.set[key.strip()] = parse_value(value)
+    from fedgmr.plugins import normalize_import
+
+    listed = [normalize_import(s, path.parent) for s in spec.imports] + [normalize_import(s) for s in imports]
+    spec.imports = list(dict.fromkeys(listed))
     return spec, path.parent
+
+
+def import_sweep_code(spec: SweepSpec, root: Path | None = None) -> None:
+    """Import the sweep's ``imports`` in this process (files relative to ``root``, the
+    sweep file's folder), so its cells can be resolved; PluginError on a failure."""
+    from fedgmr.plugins import import_all, normalize_import
+
+    spec.imports = list(dict.fromkeys(normalize_import(s, root) for s in spec.imports))
+    import_all(spec.imports)
 
 
 def _short(key: str, keys: Iterable[str]) -> str:
@@ -278,14 +300,30 @@ def _headline(cell_dir: Path) -> dict[str, Any]:
     return {k: summary.get(k) for k in keys if k in summary}
 
 
-def cell_command(cell: Cell, out: Path, state: str) -> list[str]:
-    """The ``fedgmr run`` command line for a cell in the given state."""
+def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = ()) -> list[str]:
+    """The ``fedgmr run`` command line for a cell in the given state (``imports``: the
+    sweep's, each passed on as ``--import``)."""
     cell_dir = out / cell.name
+    code = [arg for spec in imports for arg in ("--import", spec)]
     if state == "resume":
-        return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q"]
+        return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q", *code]
     cmd = [sys.executable, "-m", "fedgmr", "run", str(out / CONFIG_DIR / f"{cell.name}.yaml"),
-           "--out", str(cell_dir), "-q"]
+           "--out", str(cell_dir), "-q", *code]
     return cmd + (["--overwrite"] if state == "restart" else [])
+
+
+def _module_path(imports: Iterable[str]) -> list[str]:
+    """Folders a cell needs on PYTHONPATH to import the sweep's module names the way the
+    sweep did (from its current directory); files need none."""
+    from fedgmr.plugins import is_path
+
+    return [os.getcwd()] if any(not is_path(s) for s in imports) else []
+
+
+def _with_path(env: dict[str, str], folders: list[str]) -> dict[str, str]:
+    if folders:
+        env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def _last_error(log_path: Path) -> str:
@@ -306,6 +344,7 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     ``ray_address`` defaults to the base config's ``run.ray_address``.
     ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
     ``fail`` events, for a progress display."""
+    import_sweep_code(spec, root)
     cells = expand(spec, root)
     resolve_cells(cells)
     if executor == "ray" and ray_address is None:
@@ -353,7 +392,8 @@ def _finish(cell: Cell, out: Path, rc: int, error: str | None) -> None:
 
 def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[Cell], spec: SweepSpec,
                sweep_file: Path, notify: Callable[[str, Cell, int, int], None]) -> None:
-    env = {**os.environ, PARENT_ENV: str(os.getpid()), "FEDGMR_PROGRESS": "0"}
+    env = _with_path({**os.environ, PARENT_ENV: str(os.getpid()), "FEDGMR_PROGRESS": "0"},
+                     _module_path(spec.imports))
     queue = list(todo)
     running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
     finished = len(cells) - len(todo)
@@ -362,8 +402,8 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
             while queue and len(running) < jobs:
                 cell, state = queue.pop(0)
                 log = open(out / LOG_DIR / f"{cell.name}.log", "a")
-                proc = subprocess.Popen(cell_command(cell, out, state), stdout=log, stderr=subprocess.STDOUT,
-                                        env=env)
+                proc = subprocess.Popen(cell_command(cell, out, state, spec.imports), stdout=log,
+                                        stderr=subprocess.STDOUT, env=env)
                 running[proc] = (cell, log)
                 cell.status = "running"
                 notify("start", cell, finished, len(cells))
@@ -394,12 +434,12 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
         _write_index(out, spec, sweep_file, cells)
 
 
-def _ray_cell(cmd: list[str], log_path: str) -> tuple[int, str | None]:
-    """Run one cell's command on a Ray worker (the run directory must be on storage
-    every node shares)."""
+def _ray_cell(cmd: list[str], log_path: str, pythonpath: list[str] | None = None) -> tuple[int, str | None]:
+    """Run one cell's command on a Ray worker (the run directory, and the sweep's imports,
+    must be on storage every node shares; ``pythonpath`` joins the worker's PYTHONPATH)."""
     with open(log_path, "a") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "FEDGMR_PROGRESS": "0"}).returncode
+                            env=_with_path({**os.environ, "FEDGMR_PROGRESS": "0"}, pythonpath or [])).returncode
     return rc, (_last_error(Path(log_path)) if rc else None)
 
 
@@ -416,7 +456,8 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
     refs = {}
     try:
         for cell, state in todo:
-            refs[remote.remote(cell_command(cell, out, state), str(out / LOG_DIR / f"{cell.name}.log"))] = cell
+            refs[remote.remote(cell_command(cell, out, state, spec.imports), str(out / LOG_DIR / f"{cell.name}.log"),
+                               _module_path(spec.imports))] = cell
             cell.status = "running"
             notify("start", cell, finished, len(cells))
         _write_index(out, spec, sweep_file, cells)
@@ -467,5 +508,6 @@ def die_with_parent() -> None:
         raise SystemExit(143)
 
 
-__all__ = ["SHIPPED", "shipped_sweeps", "SweepSpec", "CaseSpec", "Cell", "SweepOutcome", "load_sweep", "expand", "resolve_cells", "run_sweep",
+__all__ = ["SHIPPED", "shipped_sweeps", "SweepSpec", "CaseSpec", "Cell", "SweepOutcome", "load_sweep",
+           "import_sweep_code", "expand", "resolve_cells", "run_sweep",
            "read_index", "cell_command", "die_with_parent", "INDEX_FILE"]

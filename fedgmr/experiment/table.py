@@ -21,7 +21,7 @@ import yaml
 
 from fedgmr.errors import ConfigError, FedGMRError
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, flatten_config, mri, read_run_metrics,
-                                      time_to_accuracy)
+                                      run_clock, run_eval_interval, time_to_accuracy)
 
 #: the paper's six baselines: the default set an MRI row is computed over
 PAPER_BASELINES = ("fedavg", "fedasync", "heterofl", "fedrolex", "fjord", "fiarse")
@@ -87,8 +87,11 @@ def read_run(path: Path) -> RunData:
     rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
     times = [float(r["time"]) for r in rows]
     accs = [float(r["accuracy"]) for r in rows]
-    interval = (config.get("run") or {}).get("eval_interval")
-    return RunData(path, flatten_config(config), times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
+    interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
+    flat = flatten_config(config)
+    # a Flower run's times are wall-clock seconds: never one cell with a simulation's
+    flat["clock"] = run_clock(path)
+    return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
                    [float(r.get("bytes_down", math.nan)) for r in rows], interval)
 
 

@@ -54,14 +54,16 @@ def workload_for(cfg: ExperimentConfig) -> ClientWorkload:
     """This process's workload for ``cfg``: data, the same partition as
     :func:`~fedgmr.experiment.build.build_experiment` makes for the seed, one model.
     Built once per process (Flower may start a ClientApp process per message, so this
-    builds only what a client needs)."""
+    builds only what a client needs), its model on the config's ``run.device``."""
     key = cfg.model_dump_json()
     if key not in _WORKLOADS:
         from fedgmr.data import load_dataset
+        from fedgmr.device import resolve_device
         from fedgmr.experiment.build import build_workload, client_partition
 
+        device = resolve_device(cfg.run.device)  # before the data: a missing GPU fails fast
         data = load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
-        _WORKLOADS[key] = build_workload(cfg, data, client_partition(cfg, data))
+        _WORKLOADS[key] = build_workload(cfg, data, client_partition(cfg, data)).to(device)
     return _WORKLOADS[key]
 
 

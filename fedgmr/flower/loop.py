@@ -95,6 +95,8 @@ class LoopStats:
     bytes_down: int = 0
     bytes_up: int = 0
     replies: int = 0
+    #: instructions the link accepted (the simulator's ``downloads``)
+    downloads: int = 0
     #: clients that never replied in the whole run and were still awaited at its end
     unanswered: int = 0
     log: list[str] = field(default_factory=list)
@@ -164,6 +166,7 @@ class BufferedServerLoop:
                 self.waiting.add(slot)
                 continue
             self.stats.bytes_down += nbytes
+            self.stats.downloads += 1
             self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask)
             self.waiting.discard(slot)
 
@@ -262,15 +265,21 @@ class BufferedServerLoop:
     def _evaluate(self, val_score: float | None = None, moved: list[int] | tuple = ()) -> dict[str, Any]:
         acc, loss = self.evaluator(self.strategy.params, self.strategy.buffers, "test")
         dens = self.strategy.densities()
+        wall = self.clock() - self.t0
+        # the simulator's record (fedgmr.sim.simulator), with ``time`` on the wall clock
+        # (seconds since the loop started; also kept as ``wall_time``), then the fields
+        # only a deployment has
         rec = {
-            "wall_time": self.clock() - self.t0, "step": self.strategy.version, "accuracy": acc, "loss": loss,
-            "avg_density": mean_density(dens), "densities": dens, "val_accuracy": val_score,
-            "restored": list(moved), "restorations": self.strategy.ladder.restorations,
-            "staleness_mean": self._last_stats["staleness_mean"], "used": self._last_stats["used"],
-            "rejected": self.strategy.rejected, "clipped": self.strategy.bounds.clipped,
+            "time": wall, "step": self.strategy.version, "accuracy": acc, "loss": loss,
+            "avg_density": mean_density(dens), "bytes_up": self.stats.bytes_up, "bytes_down": self.stats.bytes_down,
+            "uploads": self.stats.replies - self.stats.errors, "downloads": self.stats.downloads,
+            "densities": dens, "val_accuracy": val_score, "restored": list(moved),
+            "restorations": self.strategy.ladder.restorations,
+            "staleness_mean": self._last_stats["staleness_mean"], "min_coverage": self.strategy.min_coverage(),
+            "rejected": self.strategy.rejected,
+            "wall_time": wall, "used": self._last_stats["used"], "clipped": self.strategy.bounds.clipped,
             "capped": self.strategy.bounds.capped, "update_norm_median": self.strategy.median_update_norm,
             "timeouts": self.stats.timeouts, "errors": self.stats.errors,
-            "bytes_up": self.stats.bytes_up, "bytes_down": self.stats.bytes_down,
         }
         self._last_eval = self.strategy.version
         self.records.append(rec)
@@ -377,16 +386,29 @@ class _Collect(logging.Handler):
             self.lines.append(msg)
 
 
-def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int) -> dict[str, Any]:
-    """The run's summary (JSON-able)."""
+def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int, *, name: str | None = None,
+            method: str | None = None, seed: int | None = None, t_star: float | None = None) -> dict[str, Any]:
+    """The run's summary (JSON-able): the simulator's keys (:func:`fedgmr.experiment.runner.finalize`)
+    on the wall clock (``clock: wall``; ``time`` and ``t_star`` in wall-clock seconds since
+    the start), then the counts only a deployment has."""
+    from fedgmr.experiment.metrics import acc_at_t
+
     last = records[-1]
-    return {
-        "nodes": nodes, "steps": last["step"], "final_accuracy": last["accuracy"],
-        "best_accuracy": max(r["accuracy"] for r in records), "final_avg_density": last["avg_density"],
-        "restorations": last["restorations"], "rejected_updates": last["rejected"],
-        "clipped_updates": last.get("clipped", 0), "capped_sample_counts": last.get("capped", 0),
-        "timeouts": stats.timeouts, "unanswered": stats.unanswered,
-        "client_errors": stats.errors, "replies": stats.replies, "wall_time_s": round(last["wall_time"], 3),
-        "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
-        "final_loss": None if math.isnan(last["loss"]) else last["loss"],
+    out: dict[str, Any] = {
+        "name": name, "method": method, "seed": seed, "status": "completed", "runtime": "flower", "clock": "wall",
+        "final_accuracy": last["accuracy"], "best_accuracy": max(r["accuracy"] for r in records),
+        "time": last["time"], "steps": last["step"], "final_avg_density": last["avg_density"],
+        "restorations": last["restorations"], "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
+        "uploads": stats.replies - stats.errors, "downloads": stats.downloads,
+        "rejected_updates": last["rejected"], "wall_time_s": round(last["wall_time"], 3),
+        "evaluations": len(records), "eval_interval": None,  # a step cadence: no virtual-time grid
+        "nodes": nodes, "clipped_updates": last.get("clipped", 0), "capped_sample_counts": last.get("capped", 0),
+        "timeouts": stats.timeouts, "unanswered": stats.unanswered, "client_errors": stats.errors,
+        "replies": stats.replies, "final_loss": None if math.isnan(last["loss"]) else last["loss"],
     }
+    if t_star is not None:
+        mean, std = acc_at_t([r["time"] for r in records], [r["accuracy"] for r in records], t_star)
+        out["t_star"] = t_star
+        out["acc_at_t_star"] = None if math.isnan(mean) else mean
+        out["acc_at_t_star_std"] = None if math.isnan(std) else std
+    return out

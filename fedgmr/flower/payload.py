@@ -5,7 +5,7 @@ Flower ``ConfigRecord`` and back. Tensors travel as raw little-endian bytes - th
 sub-model as :func:`~fedgmr.algorithm.encoding.encode_sparse` (header, optional mask
 code, float32 values), buffers as raw arrays with their dtype and shape - never pickle.
 
-Payloads are what a real wire carries (SPEC §6.1):
+Payloads are what a real wire carries (docs/reference.md §6.1):
 
 * the instruction (download) always carries the mask code with the values: the ClientApp
   is stateless (Flower may start a process per message), so it never already holds the

@@ -1,21 +1,30 @@
 """The Flower ServerApp: ``serverapp = "fedgmr.flower.server_app:app"``.
 
 Builds FedGMR's strategy from the FedGMR config the run names, waits for the SuperNodes,
-and runs :class:`~fedgmr.flower.loop.BufferedServerLoop` over Flower's Grid. Writes
-``metrics.jsonl``, ``summary.json`` and ``server.log`` to the run config's ``out-dir``
-(when set).
+and runs :class:`~fedgmr.flower.loop.BufferedServerLoop` over Flower's Grid. Writes a run
+directory to the run config's ``out-dir`` (when set): ``config.yaml``, ``metrics.jsonl``
+and ``summary.json`` in the simulator's schema with ``time`` on the wall clock
+(``clock: wall`` in the summary), and ``server.log``; ``fedgmr compare``, ``plot`` and
+``table`` read it like a simulator run.
+
+Log lines (one per evaluation, the bounds, warnings) go to the process's stdout too:
+Flower's ``flwr-serverapp`` / ``flwr-simulation`` mirror stdout and stderr to the
+SuperLink, which is what ``flwr run --stream`` and ``flwr log`` show.
 
 Run config keys (``[tool.flwr.app.config]`` or ``flwr run -c``): ``config`` (FedGMR
 YAML/TOML path; default: the quickstart preset), ``seed``, ``num-server-steps``, ``k``,
 ``reply-timeout``, ``step-timeout``, ``max-wall``, ``min-nodes``, ``node-wait``,
-``out-dir``, and the bounds on one client's influence (:func:`~fedgmr.flower.loop.bound_influence`):
-``max-samples``, ``max-update-norm``, ``update-norm-multiple`` (0 turns a bound off).
+``eval-every``, ``out-dir``, ``t-star`` (wall-clock seconds since the start: the summary's
+Acc@t*), and the bounds on one client's influence
+(:func:`~fedgmr.flower.loop.bound_influence`): ``max-samples``, ``max-update-norm``,
+``update-norm-multiple`` (0 turns a bound off).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,18 +42,26 @@ def _num(run_config: Mapping[str, Any], key: str, default: float | None) -> floa
 
 def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Run FedGMR's buffered loop over ``link``; returns the summary."""
+    from fedgmr.config import dump_config
     from fedgmr.experiment.build import build_experiment, wants_client_validation
 
     out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
-    handler: logging.Handler | None = None
     pkg_log = logging.getLogger("fedgmr")
+    # stdout is what Flower streams to `flwr run --stream` / `flwr log` (it mirrors the
+    # ServerApp process's stdout and stderr to the SuperLink)
+    stream = logging.StreamHandler(sys.stdout)
+    stream.setFormatter(logging.Formatter("%(levelname)s fedgmr: %(message)s"))
+    handlers: list[logging.Handler] = [stream]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         handler = logging.FileHandler(out_dir / "server.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        pkg_log.addHandler(handler)
-        if pkg_log.level == logging.NOTSET or pkg_log.level > logging.INFO:
-            pkg_log.setLevel(logging.INFO)
+        handlers.append(handler)
+    for h in handlers:
+        pkg_log.addHandler(h)
+    level = pkg_log.level
+    if level == logging.NOTSET or level > logging.INFO:
+        pkg_log.setLevel(logging.INFO)
     try:
         cfg = load_run_config(run_config)
         exp = build_experiment(cfg)
@@ -66,11 +83,16 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
             eval_every=int(_num(run_config, "eval-every", cfg.run.eval_every or 5) or 5),
             check_interval=cfg.restoration.check_interval,
         )
+        t_star = _num(run_config, "t-star", None)
+        if out_dir is not None:
+            (out_dir / "summary.json").unlink(missing_ok=True)  # a previous run's summary never pairs with new metrics
+            (out_dir / "config.yaml").write_text(dump_config(cfg))
         metrics = open(out_dir / "metrics.jsonl", "w") if out_dir else None
 
         def on_record(rec: dict[str, Any]) -> None:
-            log.info("step %d: accuracy %.4f, avg density %.3f, rejected %d, timeouts %d", rec["step"],
-                     rec["accuracy"], rec["avg_density"], rec["rejected"], rec["timeouts"])
+            log.info("step %d/%d (t=%.1fs wall): accuracy %.4f, avg density %.3f, restorations %d, rejected %d, "
+                     "timeouts %d", rec["step"], steps, rec["time"], rec["accuracy"], rec["avg_density"],
+                     rec["restorations"], rec["rejected"], rec["timeouts"])
             if metrics:
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
@@ -83,16 +105,18 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         finally:
             if metrics:
                 metrics.close()
-        result = summary(records, loop.stats, len(loop.node_of_slot))
+        result = summary(records, loop.stats, len(loop.node_of_slot), name=cfg.name, method=cfg.method,
+                         seed=cfg.seed, t_star=t_star)
         result["rejection_log"] = loop.stats.log
         log.info("summary: %s", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
         if out_dir is not None:
             (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
     finally:
-        if handler is not None:
-            pkg_log.removeHandler(handler)
-            handler.close()
+        pkg_log.setLevel(level)
+        for h in handlers:
+            pkg_log.removeHandler(h)
+            h.close()
 
 
 app = make_server_app(serve)

@@ -7,7 +7,7 @@ implement the same two methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.maskinfo import gather
 from fedgmr.algorithm.params import ParamSpace
+from fedgmr.device import to_device
 from fedgmr.training.local import TrainOutcome, TrainSettings, masked_local_training
 
 
@@ -32,6 +33,14 @@ class TrainJob:
     kind: str = "model"  # reply with trained weights ("model") or their change ("delta")
     validate: bool = False
 
+    def to(self, device: torch.device | str) -> "TrainJob":
+        """The job with its tensors on ``device`` (itself when they are there already)."""
+        start, buffers = self.start.to(device), to_device(self.buffers, device)
+        mask = None if self.mask is None else self.mask.to(device)
+        if start is self.start and buffers is self.buffers and mask is self.mask:
+            return self
+        return replace(self, start=start, buffers=buffers, mask=mask)
+
 
 @dataclass
 class JobResult:
@@ -46,6 +55,13 @@ class JobResult:
     val_score: float | None
     num_processed: int | None = None  # samples processed by the local steps
 
+    def to(self, device: torch.device | str) -> "JobResult":
+        """The result with its tensors on ``device`` (the CPU before it leaves a worker)."""
+        values, buffers = self.values.to(device), to_device(self.buffers, device)
+        if values is self.values and buffers is self.buffers:
+            return self
+        return replace(self, values=values, buffers=buffers)
+
 
 class ClientTrainer(Protocol):
     """A pluggable client procedure (the baselines' trainers): called as
@@ -58,11 +74,16 @@ class ClientTrainer(Protocol):
 
 class ClientWorkload:
     """The client side of a simulation: each client's data and one model instance to
-    train on (reused for every job; only its parameters change)."""
+    train on (reused for every job; only its parameters change).
+
+    The model lives on :attr:`device` (the CPU until :meth:`to` moves it; executors move
+    it to the run's device in the process that trains); a job's tensors are moved there
+    when it runs, and the client data stays where it is (batches move one at a time)."""
 
     def __init__(self, model_factory: Callable[[], nn.Module], client_data: list[tuple[torch.Tensor, torch.Tensor]],
                  client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
                  trainer: "ClientTrainer | None" = None) -> None:
+        self.device = torch.device("cpu")
         self.model = model_factory()
         #: a method's own client procedure (baselines); None = masked local training
         self.trainer = trainer
@@ -73,7 +94,15 @@ class ClientWorkload:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=settings.lr, momentum=settings.momentum,
                                          weight_decay=settings.weight_decay)
 
+    def to(self, device: torch.device | str) -> "ClientWorkload":
+        """Move the model (in place: the optimiser keeps its parameters) to ``device``;
+        returns the workload."""
+        self.model.to(device)
+        self.device = torch.device(device)
+        return self
+
     def run(self, job: TrainJob) -> JobResult:
+        job = job.to(getattr(self, "device", "cpu"))
         x, y = self.client_data[job.client_id]
         val = self.client_val[job.client_id] if job.validate else None
         if getattr(self, "trainer", None) is not None:

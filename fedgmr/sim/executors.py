@@ -11,6 +11,10 @@ Each worker holds the :class:`~fedgmr.sim.executor.ClientWorkload` (client data 
 model instance) for its whole life; only jobs and results cross process boundaries.
 Those crossings are between processes of one trusted run (multiprocessing and Ray
 serialise them with pickle); nothing here reads data from the network or from disk.
+What crosses is on the CPU: jobs are moved there before they are sent, results before
+they are returned; each worker resolves the run's device (``run.device``) itself and
+trains there. With a GPU the pool starts its workers with ``spawn`` (CUDA does not
+survive ``fork``).
 
 Workers never outlive the run: process-pool workers die with their parent, however it
 ends (``kill -9`` included: ``PR_SET_PDEATHSIG`` on Linux, and a watchdog thread that
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedgmr.device import resolve_device, to_device
 from fedgmr.sim.executor import ClientWorkload, JobResult, TrainJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,20 +106,21 @@ def die_with_parent(parent_pid: int | None = None, interval: float = WATCHDOG_IN
                      daemon=True).start()
 
 
-def _init_worker(workload: ClientWorkload, threads: int, parent_pid: int | None = None) -> None:
+def _init_worker(workload: ClientWorkload, threads: int, parent_pid: int | None = None,
+                 device: str = "cpu") -> None:
     """Runs once in each worker: die with the parent (``parent_pid``, or the process
     that started the worker), leave Ctrl-C to the parent (it closes the pool), keep the
-    workload, pin torch's thread count."""
+    workload on ``device`` (a ``run.device`` value, resolved here), pin torch's thread count."""
     global _WORKLOAD
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    _WORKLOAD = _own_model(workload)
+    _WORKLOAD = _own_model(workload).to(resolve_device(device))
 
 
 def _run_job(job: TrainJob) -> JobResult:
     assert _WORKLOAD is not None, "worker was not initialised"
-    return _WORKLOAD.run(job)
+    return _WORKLOAD.run(job).to("cpu")
 
 
 class _FutureHandle:
@@ -138,23 +144,28 @@ class ProcessPoolExecutor:
     workers: number of processes (default: the machine's CPU count).
     threads: torch threads in each worker; must equal the serial run's count for
         identical results (``run.torch_threads``, default 1).
-    start_method: multiprocessing start method (default ``fork`` where available).
+    start_method: multiprocessing start method (default ``fork`` where available and the
+        workers train on the CPU, else ``spawn``).
+    device: where the workers train (a ``run.device`` value, resolved in each worker).
     """
 
     def __init__(self, workload: ClientWorkload, workers: int | None = None, threads: int = 1,
-                 start_method: str | None = None) -> None:
+                 start_method: str | None = None, device: str = "cpu") -> None:
         if start_method is None:
-            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            on_cpu = resolve_device(device).type == "cpu"  # a forked child cannot use a GPU
+            start_method = "fork" if on_cpu and "fork" in mp.get_all_start_methods() else "spawn"
+        workload = workload.to("cpu")  # sent to (or inherited by) the workers; each moves its copy
         self.workers = workers or os.cpu_count() or 1
         self.threads = threads
         ctx = mp.get_context(start_method)
         self._pool = _Pool(max_workers=self.workers, mp_context=ctx, initializer=_init_worker,
                            # a fork server, not this process, starts forkserver workers
-                           initargs=(workload, threads, None if start_method == "forkserver" else os.getpid()))
+                           initargs=(workload, threads, None if start_method == "forkserver" else os.getpid(),
+                                     device))
         self._closed = False
 
     def submit(self, job: TrainJob) -> _FutureHandle:
-        return _FutureHandle(self._pool.submit(_run_job, job))
+        return _FutureHandle(self._pool.submit(_run_job, job.to("cpu")))
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (started at the first submit)."""
@@ -187,8 +198,9 @@ class ProcessPoolExecutor:
 
 
 def make_process_executor(workload: ClientWorkload, cfg: "ExperimentConfig") -> ProcessPoolExecutor:
-    """``executor: process`` in a config (``run.workers``, ``run.torch_threads``)."""
-    return ProcessPoolExecutor(workload, cfg.run.workers, cfg.run.torch_threads or 1)
+    """``executor: process`` in a config (``run.workers``, ``run.torch_threads``, ``run.device``)."""
+    return ProcessPoolExecutor(workload, cfg.run.workers, cfg.run.torch_threads or 1,
+                               device=getattr(cfg.run, "device", "cpu"))
 
 
 # ---------------------------------------------------------------------- Ray
@@ -202,16 +214,22 @@ def _import_ray() -> Any:
     return ray
 
 
+def _actor_device(device: str) -> str:
+    """An actor's ``run.device``: a CUDA index names the driver's GPUs, but Ray shows an
+    actor only the GPU it assigned it (as ``cuda``)."""
+    return "cuda" if device.startswith("cuda") else device
+
+
 class _ClientActor:
     """A Ray actor holding the workload; ``run`` trains one job."""
 
-    def __init__(self, workload: ClientWorkload, threads: int) -> None:
+    def __init__(self, workload: ClientWorkload, threads: int, device: str = "cpu") -> None:
         torch.set_num_threads(threads)
-        self.workload = _own_model(workload)
+        self.workload = _own_model(workload).to(resolve_device(_actor_device(device)))
 
     def run(self, job: TrainJob, start: torch.Tensor, buffers: dict[str, torch.Tensor],
             mask: torch.Tensor | None) -> JobResult:
-        return self.workload.run(replace(job, start=start, buffers=buffers, mask=mask))
+        return self.workload.run(replace(job, start=start, buffers=buffers, mask=mask)).to("cpu")
 
     def ready(self) -> bool:
         return True
@@ -247,10 +265,14 @@ class RayExecutor:
     threads: torch threads per actor (one CPU each is reserved).
     address: cluster address, or None for a local instance.
     init_options: extra keyword arguments for ``ray.init``.
+    device: where the actors train (a ``run.device`` value). When it is a GPU here, each
+        actor reserves an equal share of the cluster's GPUs and trains on the one Ray
+        assigns it.
     """
 
     def __init__(self, workload: ClientWorkload, workers: int | None = None, threads: int = 1,
-                 address: str | None = None, init_options: dict[str, Any] | None = None) -> None:
+                 address: str | None = None, init_options: dict[str, Any] | None = None,
+                 device: str = "cpu") -> None:
         ray = _import_ray()
         self._ray = ray
         self._owns_ray = False
@@ -267,10 +289,13 @@ class RayExecutor:
             self._owns_ray = True
         try:
             n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-            actor_cls = ray.remote(num_cpus=1)(_ClientActor)
-            ref = ray.put(workload)
+            gpus = 0.0
+            if resolve_device(device).type == "cuda":  # Ray hides GPUs from actors that reserve none
+                gpus = min(1.0, float(ray.cluster_resources().get("GPU", 0)) / n)
+            actor_cls = ray.remote(num_cpus=1, num_gpus=gpus)(_ClientActor)
+            ref = ray.put(workload.to("cpu"))
             for _ in range(n):
-                self.actors.append(actor_cls.remote(ref, threads))
+                self.actors.append(actor_cls.remote(ref, threads, device))
             ray.get([a.ready.remote() for a in self.actors])
         except BaseException:  # Ctrl-C or a failed actor: release what was started
             self.close()
@@ -279,10 +304,10 @@ class RayExecutor:
         self._wave_key: tuple[int, int] | None = None
 
     def _put(self, obj: Any) -> Any:
-        """One ObjectRef per distinct object of the current wave."""
+        """One ObjectRef per distinct object of the current wave (its tensors sent from the CPU)."""
         key = id(obj)
         if key not in self._refs:
-            self._refs[key] = self._ray.put(obj)
+            self._refs[key] = self._ray.put(to_device(obj, "cpu") if isinstance(obj, dict) else obj.to("cpu"))
             self._wave_keep += (obj,)  # keep ids valid while cached
         return self._refs[key]
 
@@ -327,6 +352,7 @@ class RayExecutor:
 
 
 def make_ray_executor(workload: ClientWorkload, cfg: "ExperimentConfig") -> RayExecutor:
-    """``executor: ray`` in a config (``run.workers``, ``run.torch_threads``, ``run.ray_address``)."""
+    """``executor: ray`` in a config (``run.workers``, ``run.torch_threads``, ``run.ray_address``,
+    ``run.device``)."""
     return RayExecutor(workload, cfg.run.workers, cfg.run.torch_threads or 1,
-                       getattr(cfg.run, "ray_address", None))
+                       getattr(cfg.run, "ray_address", None), device=getattr(cfg.run, "device", "cpu"))

@@ -1,4 +1,4 @@
-"""Bandwidth model of the virtual clock (SPEC 6.1, 6.2, 6.3, 6.5).
+"""Bandwidth model of the virtual clock (docs/reference.md §6.1, 6.2, 6.3, 6.5).
 
 Each client has a downlink and an uplink that scale with its initial tier ``d``
 (20 d and 5 d MB/s by default). The server's uplink and downlink are shared FIFO links:

@@ -1,4 +1,4 @@
-"""The virtual-clock simulator (SPEC 6).
+"""The virtual-clock simulator (docs/reference.md §6).
 
 An event queue drives every client through download -> train -> upload. Times come
 from the network model and the encoded payload sizes, never from wall-clock time, so a
@@ -34,7 +34,7 @@ Evaluator = Callable[[torch.Tensor, dict[str, torch.Tensor], str], tuple[float, 
 
 @dataclass
 class Coordination:
-    """When the server aggregates and whom it dispatches (SPEC 6.4).
+    """When the server aggregates and whom it dispatches (docs/reference.md §6.4).
 
     mode: ``semi_async`` (aggregate after ``k`` arrivals or at a deadline) or ``sync``
         (wait for every dispatched client).
@@ -105,7 +105,7 @@ class Simulator:
         ``"test"`` or ``"val"``.
     seed: root seed (job seeds derive from it); ``sampling_rng`` picks clients.
     eval_interval: evaluate on the test split on a virtual-time grid, every that many
-        seconds (SPEC 9): the model evaluated at grid time ``t`` is the newest one whose
+        seconds (docs/reference.md §9.1): the model evaluated at grid time ``t`` is the newest one whose
         aggregation finished by ``t``; a model already evaluated is not evaluated again.
     eval_every: instead, evaluate every that many server steps (the authors' cadence);
         used only when ``eval_interval`` is None.
@@ -113,6 +113,9 @@ class Simulator:
     byte_scale: multiplies every payload size (replays a paper model size).
     client_validation: ask clients to score their local model (per-client monitors).
     on_record: called with each metrics record.
+    diagnostics: ``diagnostics(index, version, params, buffers)`` -> extra record keys for
+        the ``index``-th test evaluation (per-level and per-client accuracy, at their own
+        cadence; see :class:`fedgmr.experiment.diagnostics.Diagnostics`).
     """
 
     def __init__(self, strategy: MaskedBufferedStrategy, space: ParamSpace, executor: Executor,
@@ -120,8 +123,11 @@ class Simulator:
                  evaluator: Evaluator, seed: int, sampling_rng: np.random.Generator,
                  eval_every: int | None = 5, check_interval: int = 5, byte_scale: float = 1.0,
                  client_validation: bool = False, on_record: Callable[[dict[str, Any]], None] | None = None,
-                 eval_interval: float | None = None) -> None:
+                 eval_interval: float | None = None,
+                 diagnostics: Callable[[int, int, torch.Tensor, dict[str, torch.Tensor]], dict[str, Any]] | None = None
+                 ) -> None:
         self.strategy = strategy
+        self.diagnostics = diagnostics
         self.space = space
         self.executor = executor
         self.network = network
@@ -182,7 +188,7 @@ class Simulator:
 
     def _payload(self, kept: int, mask: torch.Tensor | None = None) -> float:
         """Bytes of a payload of ``kept`` values, carrying ``mask``'s code when given
-        (SPEC 6.1: values only upstream; the mask downstream only when it changed)."""
+        (docs/reference.md §6.1: values only upstream; the mask downstream only when it changed)."""
         code = 0 if mask is None else self.strategy.policy.code_nbytes(mask)
         return payload_nbytes(kept, code) * self.byte_scale
 
@@ -364,6 +370,8 @@ class Simulator:
             "min_coverage": self.strategy.min_coverage(),
             "rejected": self.strategy.rejected,
         }
+        if self.diagnostics is not None:
+            rec.update(self.diagnostics(self.records, *self._published))
         self.records += 1
         self._last_eval_step = self._published[0]
         self.on_record(rec)

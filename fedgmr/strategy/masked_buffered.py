@@ -127,7 +127,10 @@ class MaskedBufferedStrategy:
                              f"buffer: set aggregation.buffer to false")
         self.space = space
         self.params = params.detach().clone().float()
-        self.buffers = {k: v.clone() for k, v in buffers.items()}
+        #: where the global model, its buffers, the masks and every aggregation live (the
+        #: device of ``params``); replies from elsewhere are moved here when received
+        self.device = self.params.device
+        self.buffers = {k: v.to(self.device, copy=True) for k, v in buffers.items()}
         self.policy = policy
         self.ladder = ladder
         self.rule = rule
@@ -244,10 +247,11 @@ class MaskedBufferedStrategy:
             if not isinstance(reply.mask, torch.Tensor) or reply.mask.dtype != torch.bool \
                     or reply.mask.shape != a.mask.shape:
                 raise InvalidUpdateError(f"a reported mask must be a bool tensor of shape {tuple(a.mask.shape)}")
-            outside = reply.mask & ~a.mask
+            reported = reply.mask.to(self.device)
+            outside = reported & ~a.mask
             if bool(outside.any()):
                 raise InvalidUpdateError(f"{int(outside.sum())} coordinates outside the client's mask")
-            mask = reply.mask
+            mask = reported
         values = reply.values
         kept = mask_count(mask)
         if not isinstance(values, torch.Tensor) or values.ndim != 1 or values.numel() != kept:
@@ -256,7 +260,7 @@ class MaskedBufferedStrategy:
         if not values.is_floating_point():
             raise InvalidUpdateError(f"values of dtype {values.dtype}; expected floating point")
         # finiteness is checked on what the model will hold: float64 1e300 is inf in float32
-        values = values.detach().to(torch.float32)
+        values = values.detach().to(self.device, torch.float32)
         if not bool(torch.isfinite(values).all()):
             raise InvalidUpdateError("values contain NaN or Inf (as float32)")
         for field_name in ("num_samples", "num_processed"):
@@ -281,7 +285,7 @@ class MaskedBufferedStrategy:
             if not isinstance(b, torch.Tensor) or b.shape != ref.shape \
                     or b.is_floating_point() != ref.is_floating_point():
                 raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or dtype")
-            b = b.detach().to(ref.dtype)  # checked as the model will hold it
+            b = b.detach().to(ref.device, ref.dtype)  # checked as the model will hold it
             if b.is_floating_point() and not bool(torch.isfinite(b).all()):
                 raise InvalidUpdateError(f"buffer {name!r} has non-finite values (as {ref.dtype})")
             if (_is_variance(name) or not b.is_floating_point()) and bool((b < 0).any()):
@@ -534,7 +538,9 @@ class MaskedBufferedStrategy:
         return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        """Restore from :meth:`state_dict` output."""
+        """Restore from :meth:`state_dict` output (tensors from any device: a checkpoint
+        holds CPU tensors; they are moved to this strategy's device)."""
+        tensors = {k: v.to(self.device) for k, v in tensors.items()}
         self.params = tensors["params"].clone()
         self.buffers = {k: tensors[f"buffers/{k}"].clone() for k in self.buffers}
         self.version = int(state["version"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fedgmr.device import module_device
 from fedgmr.training.losses import task_loss
 
 
@@ -12,12 +13,13 @@ from fedgmr.training.losses import task_loss
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str = "classification",
              pad_index: int | None = None, batch_size: int = 512) -> tuple[float, float]:
     """Return (top-1 accuracy, mean loss). For ``next_token`` tasks both are per
-    non-padding token."""
+    non-padding token. Batches move to the model's device one at a time."""
     was_training = model.training
     model.eval()
+    device = module_device(model)
     correct, count, loss_sum = 0, 0, 0.0
     for start in range(0, len(y), batch_size):
-        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
         logits = model(xb)
         loss_sum += float(task_loss(logits, yb, task, "ce", pad_index, reduction="sum"))
         pred = logits.argmax(-1)

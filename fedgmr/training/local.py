@@ -1,4 +1,4 @@
-"""Masked local training (SPEC 3.4).
+"""Masked local training (docs/reference.md §3.4).
 
 The client starts from ``W * m``, runs ``local_steps`` SGD steps and pruned coordinates
 stay exactly zero - also under momentum and weight decay - because their gradients are
@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.maskinfo import memo
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
+from fedgmr.device import module_device
 from fedgmr.training.evaluate import evaluate
 from fedgmr.training.losses import task_loss
 
@@ -91,6 +92,9 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     ``mask=None`` trains the full model. Pass ``optimizer`` (an SGD over ``model``'s
     parameters) to reuse it across jobs; its state (momentum) is reset for every job. Batches are drawn without replacement from a
     permutation seeded by ``seed``, reshuffled each pass over the data.
+
+    Training runs on the model's device: ``start``, ``buffers`` and ``mask`` must be
+    there too; the data may live anywhere (each batch moves to the model's device).
     """
     if len(y) == 0:
         raise ValueError("cannot train on an empty client data set")
@@ -114,14 +118,16 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         opt.state.clear()  # no momentum carried between jobs
         for group in opt.param_groups:
             group.update(lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = torch.Generator().manual_seed(int(seed))  # on the CPU: the same batches on every device
     batches = BatchOrder(len(y), settings.batch_size, gen)
     model.train()
-    total_loss = torch.zeros(())
+    device = module_device(model)
+    total_loss = torch.zeros((), device=device)
     for _ in range(settings.local_steps):
         idx = batches.next()
         opt.zero_grad(set_to_none=True)
-        loss = task_loss(model(x[idx]), y[idx], settings.task, settings.loss, settings.pad_index)
+        loss = task_loss(model(x[idx].to(device)), y[idx].to(device), settings.task, settings.loss,
+                         settings.pad_index)
         loss.backward()
         for p, m in grad_masks:
             if p.grad is not None:  # a layer outside this forward pass has no gradient

@@ -1,4 +1,5 @@
-"""TESTS.md vectors of the baselines, asserted exactly."""
+"""Hand-computed vectors of the baselines (docs/reference.md §7 and Appendix A), asserted
+exactly."""
 
 from __future__ import annotations
 

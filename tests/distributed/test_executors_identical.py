@@ -1,4 +1,4 @@
-"""Process-pool and Ray executors give exactly the serial executor's metrics (SPEC 6.6)."""
+"""Process-pool and Ray executors give exactly the serial executor's metrics (docs/reference.md §6.6)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from conftest import scaled, tiny_config
 pytest.importorskip("flwr", reason="Flower is not installed: pip install 'fedgmr[flower]'")
 
 from fedgmr.flower.faults import MALFORMED  # noqa: E402
-from fedgmr.flower.project import write_app, write_flower_config  # noqa: E402
+from fedgmr.flower.project import federation_config_args, write_app, write_flower_config  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -127,8 +127,9 @@ def _fedgmr_config(tmp_path: Path, clients: int, steps: int, heterogeneity: Any 
     return path
 
 
-def _flwr_run(procs: Processes, app: Path, connection: str, out: Path, timeout: float) -> dict[str, Any]:
-    p = procs.start("flwr-run", [str(BIN / "flwr"), "run", str(app), connection, "--stream"])
+def _flwr_run(procs: Processes, app: Path, connection: str, out: Path, timeout: float,
+              extra: list[str] | None = None) -> dict[str, Any]:
+    p = procs.start("flwr-run", [str(BIN / "flwr"), "run", str(app), connection, "--stream", *(extra or [])])
     timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     summary = out / "summary.json"
@@ -158,12 +159,9 @@ def test_flwr_run_in_flowers_simulation_runtime(procs, tmp_path):
     app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": 6,
                                        "reply-timeout": scaled(60.0), "step-timeout": scaled(20.0),
                                        "max-wall": scaled(240.0), "node-wait": scaled(60.0)})
-    write_flower_config(procs.env["FLWR_HOME"], {"sim": {
-        "address": f"127.0.0.1:{port}", "insecure": True,
-        "options": {"num-supernodes": 4},
-    }})
+    write_flower_config(procs.env["FLWR_HOME"], {"sim": {"address": f"127.0.0.1:{port}", "insecure": True}})
     _superlink(procs, port, simulation=True)
-    result = _flwr_run(procs, app, "sim", out, timeout=300)
+    result = _flwr_run(procs, app, "sim", out, timeout=300, extra=federation_config_args({"num-supernodes": 4}))
     print("simulation:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
     assert result["nodes"] == 4 and result["steps"] == 6
     assert result["rejected_updates"] == 0
@@ -171,6 +169,14 @@ def test_flwr_run_in_flowers_simulation_runtime(procs, tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["step"] == 0 and records[-1]["step"] == 6
     assert all(len(r["densities"]) == 4 for r in records)
+    assert all(r["time"] == r["wall_time"] for r in records) and result["clock"] == "wall"
+    # `flwr run --stream` shows the ServerApp's per-step lines (uploaded every few seconds)
+    deadline = time.monotonic() + scaled(60)
+    while "fedgmr: step 6/6" not in procs.log("flwr-run") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    streamed = procs.log("flwr-run")
+    assert all(f"fedgmr: step {s}/6" in streamed for s in (0, 2, 4, 6)), streamed[-3000:]
+    assert "deprecated" not in streamed, streamed[-3000:]  # no `options.` table in the connection
 
 
 def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path):

@@ -1,4 +1,4 @@
-"""ResNet-18's BatchNorm running statistics are never masked (SPEC 3.3)."""
+"""ResNet-18's BatchNorm running statistics are never masked (docs/reference.md §3.3)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,81 @@
+"""Extra evaluations of the global model, logged beside test accuracy at their own cadence.
+
+* ``level_accuracy``: the global model evaluated under each ladder level's mask (the
+  coordinates a client on that level holds; pruned ones read as zero), as the HeteroFL and
+  FjORD papers report per-width accuracy. ``levels`` (the levels' densities) comes with it.
+  It shows whether a capacity bottleneck is real: a small level far below the full model
+  means the clients on it train a model that cannot fit the task.
+* ``client_accuracy``: the global model on each client's own held-out split
+  (``data.client_val_fraction``), one value per client; its spread shows who the global
+  model serves badly.
+
+Both are pure evaluation: they never touch the strategy's state, so turning them on
+changes no other metric. Each is computed once per published model version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+#: ``evaluate(params, buffers, x, y)`` -> (accuracy, loss)
+SplitEvaluator = Callable[[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor], tuple[float, float]]
+
+
+def masked_level_accuracy(params: torch.Tensor, buffers: dict[str, torch.Tensor], masks: Sequence[torch.Tensor],
+                          evaluate_masked: Callable[[torch.Tensor, dict[str, torch.Tensor]], float]) -> list[float]:
+    """Accuracy of ``params`` under each mask in ``masks`` (a full mask reuses nothing:
+    each level is evaluated, so the numbers are comparable across runs)."""
+    return [evaluate_masked(params * m.to(params.dtype), buffers) for m in masks]
+
+
+@dataclass
+class Diagnostics:
+    """Per-level and per-client accuracy at a cadence counted in test evaluations.
+
+    level_every / client_every: every that many test evaluations (1: at each one;
+    None: never). ``level_masks()`` returns the current mask of every ladder level and
+    ``levels()`` their densities (they may change when a policy refreshes its ranking).
+    """
+
+    evaluate_test: Callable[[torch.Tensor, dict[str, torch.Tensor]], float]
+    level_masks: Callable[[], list[torch.Tensor]]
+    levels: Callable[[], list[float]]
+    client_splits: list[tuple[torch.Tensor, torch.Tensor]]
+    evaluate_split: SplitEvaluator
+    level_every: int | None = None
+    client_every: int | None = None
+    _cache: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.level_every is not None or self.client_every is not None
+
+    def _due(self, every: int | None, index: int) -> bool:
+        return every is not None and index % every == 0
+
+    def _cached(self, key: str, version: int, compute: Callable[[], Any]) -> Any:
+        hit = self._cache.get(key)
+        if hit is None or hit[0] != version:
+            hit = (version, compute())
+            self._cache[key] = hit
+        return hit[1]
+
+    def __call__(self, index: int, version: int, params: torch.Tensor,
+                 buffers: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The diagnostics due at the ``index``-th test evaluation (0-based) of model
+        ``version``: a dict of record keys, empty when none is due."""
+        out: dict[str, Any] = {}
+        if self._due(self.level_every, index):
+            out["levels"] = [float(d) for d in self.levels()]
+            out["level_accuracy"] = self._cached("level", version, lambda: masked_level_accuracy(
+                params, buffers, self.level_masks(), self.evaluate_test))
+        if self._due(self.client_every, index):
+            out["client_accuracy"] = self._cached("client", version, lambda: [
+                self.evaluate_split(params, buffers, x, y)[0] if len(y) else None for x, y in self.client_splits])
+        return out
+
+
+__all__ = ["Diagnostics", "masked_level_accuracy"]

@@ -1,0 +1,420 @@
+"""Experiment trackers fed from the runner's record hook: ``run.loggers: [tensorboard,
+mlflow, wandb]``.
+
+Every metrics record a run writes to ``metrics.jsonl`` goes to each logger too: each
+numeric scalar against the record's ``step`` (the virtual ``time`` is one of them), lists
+and mappings flattened to named scalars (``level_accuracy/0.05`` per ladder density,
+``client_accuracy/3`` per client, ``densities/0``, ...; nulls left out). The resolved
+config is logged as parameters / hyperparameters and the summary at the end.
+
+* ``tensorboard``: ``torch.utils.tensorboard.SummaryWriter`` in ``<run dir>/tensorboard/``.
+* ``mlflow``: a run in the experiment named after the config's ``name``, in
+  ``run.mlflow_uri``, else ``$MLFLOW_TRACKING_URI``, else the local file store
+  ``file:<run dir>/mlruns``.
+* ``wandb``: W&B in offline mode (``$WANDB_MODE`` overrides), files under ``<run dir>/wandb/``.
+
+A missing library is one :class:`~fedgmr.errors.ConfigError` line before the run starts,
+naming the pip extra. Loggers are closed on every path (the run ends, fails, raises or is
+interrupted), and a resumed run appends to what the interrupted one logged, so each
+logger ends up holding exactly the records of ``metrics.jsonl``. Add your own with
+``@LOGGERS.register("name")`` on a :class:`RunLogger` subclass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+
+from fedgmr.errors import ConfigError, FedGMRError
+from fedgmr.registry import Registry
+
+if TYPE_CHECKING:
+    from fedgmr.config import ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+#: a run directory's record of its loggers' identities (MLflow run id, W&B run id), so a
+#: resume continues the same tracker run
+STATE_FILE = "loggers.json"
+#: what the loggers write into a run directory (``--overwrite`` removes them)
+LOGGER_ENTRIES: tuple[str, ...] = (STATE_FILE, f".{STATE_FILE}.tmp", "tensorboard", "mlruns", "wandb")
+
+#: list keys whose entries are named by another key of the same record
+LABELLED_BY = {"level_accuracy": "levels"}
+#: keys that only label other lists
+LABEL_KEYS = frozenset({"levels"})
+#: lists of client ids: logged as how many there are
+COUNTED_KEYS = frozenset({"restored"})
+
+
+def _label(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """A record as named scalars: numbers as they are (booleans as 0/1), lists and dicts
+    flattened to ``key/label`` (a list named by :data:`LABELLED_BY`, else by position),
+    strings and nulls left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if not prefix and key in LABEL_KEYS:
+            continue
+        if not prefix and key in COUNTED_KEYS and isinstance(value, (list, tuple)):
+            out[name] = float(len(value))
+        elif isinstance(value, (bool, int, float)):
+            out[name] = float(value)
+        elif isinstance(value, dict):
+            out.update(scalars(value, name + "/"))
+        elif isinstance(value, (list, tuple)):
+            labels = record.get(LABELLED_BY.get(key, "")) if not prefix else None
+            if not isinstance(labels, (list, tuple)) or len(labels) != len(value):
+                labels = range(len(value))
+            out.update(scalars({_label(lab): v for lab, v in zip(labels, value)}, name + "/"))
+    return out
+
+
+def config_params(cfg: "ExperimentConfig") -> dict[str, str | int | float | bool]:
+    """The resolved config as dotted keys with scalar values (lists, mappings and nulls as
+    their JSON text), for trackers' parameter / hyperparameter tables."""
+    from fedgmr.experiment.metrics import flatten_config
+
+    flat = flatten_config(cfg.model_dump(mode="json"))
+    return {k: v if isinstance(v, (str, int, float, bool)) else json.dumps(v, sort_keys=True)
+            for k, v in flat.items()}
+
+
+def summary_scalars(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary's numbers as ``summary/<key>`` scalars."""
+    return {f"summary/{k}": float(v) for k, v in summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _step(record: dict[str, Any], index: int) -> int:
+    """The record's server step (its position in metrics.jsonl when it has none)."""
+    step = record.get("step")
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else index
+
+
+def _read_state(out: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((out / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _write_state(out: Path, key: str, value: Any) -> None:
+    from fedgmr.experiment.rundir import write_atomic
+
+    state = _read_state(out)
+    state[key] = value
+    write_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
+
+
+class RunLogger:
+    """One experiment tracker. The runner calls :meth:`open` once the run directory is
+    ready, :meth:`log` with every record, :meth:`finish` with the summary of a run that
+    ended (completed or failed) and :meth:`close` on every path.
+
+    ``open(resume, kept)``: ``kept`` are the records of ``metrics.jsonl`` that a resumed
+    run keeps (the records written after its checkpoint are recomputed and logged again).
+    """
+
+    #: the module the tracker needs, and the pip extra that installs it
+    module: ClassVar[str] = ""
+    extra: ClassVar[str] = ""
+
+    def __init__(self, name: str, cfg: "ExperimentConfig", out: Path) -> None:
+        self.name, self.cfg, self.out = name, cfg, out
+
+    @classmethod
+    def check(cls, name: str) -> None:
+        """``ConfigError`` when the tracker's library is not installed."""
+        if cls.module and importlib.util.find_spec(cls.module) is None:
+            raise ConfigError(f"run.loggers: {name} needs the {cls.module} package: "
+                              f"pip install 'fedgmr[{cls.extra or name}]'")
+
+    def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def log(self, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Log the summary (default: nothing)."""
+
+    def close(self, status: str) -> None:
+        """Flush and close; ``status`` is ``completed``, ``failed`` or ``interrupted``."""
+
+
+LOGGERS: Registry[type[RunLogger]] = Registry("logger")
+
+
+@LOGGERS.register("tensorboard")
+class TensorBoardLogger(RunLogger):
+    """TensorBoard event files in ``<run dir>/tensorboard/``.
+
+    A resume writes a new event file beside the old ones that starts by purging every step
+    (TensorBoard's ``purge_step=0``) and re-writes the kept records: TensorBoard then
+    shows exactly ``metrics.jsonl``, whatever the interrupted process had flushed."""
+
+    module, extra = "tensorboard", "tensorboard"
+
+    def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        logdir = self.out / "tensorboard"
+        if resume:
+            _after_event_files(logdir)
+        self.writer = SummaryWriter(log_dir=str(logdir), purge_step=0 if resume else None, flush_secs=10)
+        self.index = 0
+        from fedgmr.config import dump_config
+
+        self.writer.add_text("config", "```yaml\n" + dump_config(self.cfg) + "```", 0)
+        for record in kept:
+            self.log(record)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = _step(record, self.index)
+        self.index += 1
+        for tag, value in scalars(record).items():
+            self.writer.add_scalar(tag, value, step)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        metrics = summary_scalars(summary)
+        for summ in hparams(config_params(self.cfg), metrics):
+            self.writer._get_file_writer().add_summary(summ)  # in this event file (add_hparams: a new one)
+        step = int(summary.get("steps") or 0)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self, status: str) -> None:
+        self.writer.close()
+
+
+def _after_event_files(logdir: Path) -> None:
+    """Wait (at most a second) until the clock is past the newest event file's timestamp,
+    so a new event file sorts after it (TensorBoard reads them in name order)."""
+    stamps = [int(p.name.split(".")[3]) for p in logdir.glob("events.out.tfevents.*")
+              if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()]
+    deadline = time.monotonic() + 1.5  # a file stamped in the future (the clock was set back): do not hang
+    while stamps and time.time() < max(stamps) + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@LOGGERS.register("mlflow")
+class MLflowLogger(RunLogger):
+    """An MLflow run (experiment: the config's ``name``) with the config as parameters,
+    every record's scalars as metrics at its ``step``, the summary as ``summary/*``
+    metrics, ``config.yaml`` and ``summary.json`` as artifacts.
+
+    A resume continues the same MLflow run (its id is in ``loggers.json``): the records
+    the interrupted process logged after the checkpoint are the ones the resume
+    recomputes (a resume is exact), so they are not logged twice."""
+
+    module, extra = "mlflow", "mlflow"
+    #: MLflow's limits per log_batch call
+    MAX_PARAMS, MAX_METRICS, MAX_PARAM_LENGTH = 100, 1000, 6000
+
+    def uri(self) -> str:
+        return (self.cfg.run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                or f"file:{(self.out / 'mlruns').resolve()}")
+
+    def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
+        uri = self.uri()
+        if uri.startswith("file:") or "://" not in uri:
+            # MLflow 3 keeps the file store only on request; it is what a local run needs
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+        self.skip = 0
+        run_id = _read_state(self.out).get("mlflow_run_id") if resume else None
+        logged = self._logged(run_id) if run_id else None
+        if logged is not None:
+            self.run_id = run_id
+            self.client.update_run(run_id, status="RUNNING")
+            self.skip = max(0, logged - len(kept))
+            backlog = kept[logged:]  # kept records the interrupted process never logged
+        else:
+            exp = self.client.get_experiment_by_name(self.cfg.name)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.cfg.name)
+            run = self.client.create_run(exp_id, run_name=self.out.name, tags={
+                "fedgmr.run_dir": str(self.out.resolve()), "fedgmr.method": self.cfg.method,
+                "fedgmr.seed": str(self.cfg.seed)})
+            self.run_id = run.info.run_id
+            _write_state(self.out, "mlflow_run_id", self.run_id)
+            params = [Param(k, str(v)[:self.MAX_PARAM_LENGTH]) for k, v in config_params(self.cfg).items()]
+            for i in range(0, len(params), self.MAX_PARAMS):
+                self.client.log_batch(self.run_id, params=params[i:i + self.MAX_PARAMS])
+            if (self.out / "config.yaml").exists():
+                self.client.log_artifact(self.run_id, str(self.out / "config.yaml"))
+            backlog = kept
+        self.index = len(kept) - len(backlog)
+        for record in backlog:
+            self._log(record)
+
+    def _logged(self, run_id: str) -> int | None:
+        """How many records the run holds (None: the tracking store has no such run)."""
+        try:
+            self.client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - MlflowException: a store that lost (or never had) the run
+            log.warning("MLflow run %s is not in %s: logging to a new run", run_id, self.uri())
+            return None
+        return len(self.client.get_metric_history(run_id, "accuracy"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.skip:
+            self.skip -= 1
+            self.index += 1
+            return
+        self._log(record)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        self._metrics(scalars(record), _step(record, self.index))
+        self.index += 1
+
+    def _metrics(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in values.items()]
+        for i in range(0, len(metrics), self.MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + self.MAX_METRICS])
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self._metrics(summary_scalars(summary), int(summary.get("steps") or 0))
+        self.client.set_tag(self.run_id, "fedgmr.status", str(summary.get("status", "completed")))
+        if (self.out / "summary.json").exists():
+            self.client.log_artifact(self.run_id, str(self.out / "summary.json"))
+
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, {"completed": "FINISHED", "failed": "FAILED"}.get(status, "KILLED"))
+
+
+@LOGGERS.register("wandb")
+class WandbLogger(RunLogger):
+    """A W&B run in offline mode (``$WANDB_MODE`` overrides; ``wandb sync`` uploads it)
+    under ``<run dir>/wandb/``, project: the config's ``name``. Records are logged with
+    ``step`` as their x axis; a resume continues the same run id."""
+
+    module, extra = "wandb", "wandb"
+
+    def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
+        import wandb
+
+        run_id = _read_state(self.out).get("wandb_run_id") if resume else None
+        self.run = wandb.init(project=self.cfg.name, name=self.out.name, dir=str(self.out),
+                              mode=os.environ.get("WANDB_MODE", "offline"), config=config_params(self.cfg),
+                              id=run_id, resume="allow" if run_id else None, reinit="create_new",
+                              settings=wandb.Settings(silent=True, console="off"))  # fedgmr's output stays its own
+        _write_state(self.out, "wandb_run_id", self.run.id)
+        self.run.define_metric("*", step_metric="step")
+        self.index = 0
+        if run_id is None:
+            for record in kept:
+                self.log(record)
+        else:
+            self.index = len(kept)
+
+    def log(self, record: dict[str, Any]) -> None:
+        values = scalars(record)
+        values.setdefault("step", float(_step(record, self.index)))
+        self.run.log(values, step=self.index)  # W&B's own step: the record's position (never repeats)
+        self.index += 1
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (str, int, float, bool))})
+
+    def close(self, status: str) -> None:
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+
+
+class RunLoggers:
+    """The loggers ``cfg.run.loggers`` names, used as one; a context manager that closes
+    each of them however the block ends (its status: ``interrupted`` for Ctrl-C or a run
+    stopped early, ``failed`` for an exception, else the summary's).
+
+    A logger that fails while the run goes on is closed and dropped with a warning (the
+    run and its metrics.jsonl are not lost to a tracker's hiccup); one that fails to open
+    stops the run before its first step."""
+
+    def __init__(self, cfg: "ExperimentConfig", out: Path) -> None:
+        self.loggers = [LOGGERS.get(name)(name, cfg, out) for name in cfg.run.loggers]
+        self.opened: list[RunLogger] = []
+        self.status: str | None = None
+
+    @staticmethod
+    def check(cfg: "ExperimentConfig") -> None:
+        """Before anything runs: each named logger exists and its library is installed."""
+        for name in cfg.run.loggers:
+            LOGGERS.get(name).check(name)
+
+    def __bool__(self) -> bool:
+        return bool(self.loggers)
+
+    def open(self, resume: bool, kept: Callable[[], Sequence[dict[str, Any]]]) -> None:
+        """Open every logger (``kept``: the records a resumed run keeps, read only when a
+        logger is configured)."""
+        if not self.loggers:
+            return
+        records = kept() if resume else []
+        for logger in self.loggers:
+            try:
+                logger.open(resume, records)
+            except Exception as exc:  # noqa: BLE001 - a tracker's own error becomes one line
+                if isinstance(exc, FedGMRError):
+                    raise
+                raise FedGMRError(f"run.loggers: {logger.name} could not start: {type(exc).__name__}: "
+                                  f"{(str(exc).splitlines() or [''])[0]}") from exc
+            self.opened.append(logger)
+
+    def _each(self, what: str, call: Callable[[RunLogger], None]) -> None:
+        for logger in list(self.opened):
+            try:
+                call(logger)
+            except Exception:  # noqa: BLE001
+                log.warning("logger %s failed to %s; it is closed and logs nothing more", logger.name, what,
+                            exc_info=True)
+                self.opened.remove(logger)
+                try:
+                    logger.close("failed")
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._each("log a record", lambda lg: lg.log(record))
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.status = "failed" if summary.get("status") == "failed" else "completed"
+        self._each("log the summary", lambda lg: lg.finish(summary))
+
+    def close(self, status: str) -> None:
+        """Close every open logger; a failure to close one is a warning."""
+        while self.opened:
+            logger = self.opened.pop()
+            try:
+                logger.close(status)
+            except Exception:  # noqa: BLE001
+                log.warning("closing logger %s failed", logger.name, exc_info=True)
+
+    def __enter__(self) -> "RunLoggers":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: Any) -> None:
+        if exc_type is None:
+            status = self.status or "interrupted"  # no summary: stopped early, resumable
+        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            status = "interrupted"
+        else:
+            status = "failed"
+        self.close(status)

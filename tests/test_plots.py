@@ -1,0 +1,247 @@
+"""``fedgmr plot``: the x axes (time, step, MB up, MB up + down, wall clock), the metrics,
+seed bands (mean ± sample std on a common grid), per-level and per-client accuracy. The
+data preparation is checked with exact numbers; the command runs in a subprocess on
+small run directories written here and on one real tiny run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import tiny_config
+from fedgmr.cli import app
+from fedgmr.errors import ConfigError, RunDirError
+from fedgmr.experiment.curves import (axis_values, client_spread, expand_runs, group_labels, group_seeds,
+                                      last_per_x, level_curves, metric_values, seed_band)
+from fedgmr.experiment.plots import metric_curves
+from fedgmr.experiment.runner import run_experiment
+from fedgmr.methods import resolve_config
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
+
+
+def fedgmr(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                          cwd=cwd, timeout=600)
+
+
+def make_run(path: Path, rows: list[dict[str, Any]], seed: int = 0, method: str = "fedgmr",
+             **cfg: Any) -> Path:
+    """A run directory: a config (name, method, seed and ``cfg``) and ``rows``."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({"name": "t", "method": method, "seed": seed, **cfg}))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def rec(t: float, acc: float, up: float = 0.0, down: float = 0.0, **extra: Any) -> dict[str, Any]:
+    return {"time": t, "step": int(t), "accuracy": acc, "loss": 2.0 - acc, "avg_density": 0.5,
+            "bytes_up": up, "bytes_down": down, "min_coverage": 1, **extra}
+
+
+# ---------------------------------------------------------------------------- x axes and metrics
+ROWS = [rec(0.0, 0.1, 0.0, 0.0, wall_time=0.5), rec(10.0, 0.2, 1.5e6, 4e6, wall_time=3.25),
+        rec(20.0, 0.4, 3e6, 8.5e6, wall_time=7.0)]
+
+
+@pytest.mark.parametrize("axis, expected", [
+    ("time", [0.0, 10.0, 20.0]), ("step", [0, 10, 20]), ("bytes_up", [0.0, 1.5, 3.0]),
+    ("bytes_total", [0.0, 5.5, 11.5]), ("wall", [0.5, 3.25, 7.0])])
+def test_x_axis_values(axis: str, expected: list[float]):
+    assert axis_values(ROWS, axis, "m").tolist() == expected
+
+
+@pytest.mark.parametrize("metric, expected", [
+    ("accuracy", [10.0, 20.0, 40.0]), ("loss", [1.9, 1.8, 1.6]), ("avg_density", [0.5] * 3),
+    ("min_coverage", [1.0] * 3)])
+def test_metric_values(metric: str, expected: list[float]):
+    assert metric_values(ROWS, metric, "m").tolist() == pytest.approx(expected, abs=1e-12)
+
+
+def test_wall_clock_of_a_simulator_run_is_one_clear_error():
+    with pytest.raises(RunDirError) as err:
+        axis_values([rec(0.0, 0.1)], "wall", "runs/a/metrics.jsonl")
+    assert str(err.value) == ("runs/a/metrics.jsonl: record 1 has no 'wall_time' field, which --x wall needs "
+                              "(a simulator run records virtual time only: use --x time)")
+
+
+def test_bad_axis_or_metric_names_the_option_and_choices():
+    with pytest.raises(ConfigError, match=r"'--x': 'bytes' is not one of bytes_total, bytes_up, step, time, wall"):
+        axis_values(ROWS, "bytes", "m")
+    with pytest.raises(ConfigError, match=r"'--metric': 'f1' is not one of accuracy, avg_density, loss, "
+                                          r"min_coverage"):
+        metric_values(ROWS, "f1", "m")
+
+
+def test_an_axis_that_goes_back_is_refused():
+    with pytest.raises(RunDirError, match="record 2 goes back along --x bytes_up"):
+        axis_values([rec(0, 0.1, up=5e6), rec(1, 0.1, up=4e6)], "bytes_up", "m")
+
+
+# ---------------------------------------------------------------------------- seed bands
+def test_records_sharing_an_x_value_keep_the_last():
+    x, y = last_per_x(np.array([0.0, 1.0, 1.0, 1.0, 2.0]), np.array([5.0, 6.0, 7.0, 8.0, 9.0]))
+    assert x.tolist() == [0.0, 1.0, 2.0] and y.tolist() == [5.0, 8.0, 9.0]
+
+
+def test_seed_band_interpolates_onto_the_common_grid():
+    a = (np.array([0.0, 2.0, 4.0]), np.array([0.0, 20.0, 40.0]))
+    b = (np.array([1.0, 3.0, 5.0]), np.array([10.0, 10.0, 30.0]))
+    band = seed_band([a, b])
+    # the range both cover is [1, 4]; the grid: every x of either seed in it
+    assert band.x.tolist() == [1.0, 2.0, 3.0, 4.0] and band.n == 2
+    # a at the grid: 10 20 30 40; b: 10 10 10 20
+    assert band.mean.tolist() == [10.0, 15.0, 20.0, 30.0]
+    assert band.std.tolist() == pytest.approx([0.0, 10 / np.sqrt(2), 20 / np.sqrt(2), 20 / np.sqrt(2)], abs=1e-12)
+
+
+def test_seed_band_of_seeds_on_one_grid_is_the_plain_mean_and_sample_std():
+    x = np.array([0.0, 5.0, 10.0])
+    band = seed_band([(x, np.array([1.0, 2.0, 3.0])), (x, np.array([3.0, 4.0, 8.0])),
+                      (x, np.array([5.0, 9.0, 7.0]))])
+    assert band.x.tolist() == [0.0, 5.0, 10.0]
+    assert band.mean.tolist() == [3.0, 5.0, 6.0]
+    assert band.std.tolist() == pytest.approx([2.0, np.sqrt(13.0), np.sqrt(7.0)], abs=1e-12)
+
+
+def test_seeds_without_a_common_range_are_refused():
+    with pytest.raises(RunDirError, match="share no x range"):
+        seed_band([(np.array([0.0, 1.0]), np.array([1.0, 2.0])), (np.array([2.0, 3.0]), np.array([1.0, 2.0]))])
+
+
+def test_runs_group_as_compare_groups_them_and_bands_use_bytes_total(tmp_path: Path):
+    """Two seeds of FedGMR (different traffic per evaluation) and one FedAvg run: the
+    FedGMR band on the MB grid, exactly."""
+    s0 = make_run(tmp_path / "sweep" / "gmr-s0", [rec(0, 0.0), rec(10, 0.2, 1e6, 1e6), rec(20, 0.4, 2e6, 2e6)])
+    s1 = make_run(tmp_path / "sweep" / "gmr-s1", [rec(0, 0.1), rec(10, 0.3, 1.5e6, 1.5e6), rec(20, 0.5, 3e6, 3e6)],
+                  seed=1, run={"executor": "process"})  # how it ran does not matter
+    avg = make_run(tmp_path / "sweep" / "avg", [rec(0, 0.0), rec(10, 0.1, 4e6, 4e6)], method="fedavg")
+    assert expand_runs([tmp_path / "sweep"]) == [avg, s0, s1]
+    assert group_seeds([s0, avg, s1]) == [[s0, s1], [avg]]
+    gmr, fedavg = metric_curves([s0, avg, s1], x="bytes_total")
+    assert gmr.label == "fedgmr (mean ± std, 2 seeds)" and fedavg.label == "fedavg"
+    # s0 in MB (up + down): 0, 2, 4 -> 0 20 40 %; s1: 0, 3, 6 -> 10 30 50 %; common range [0, 4]
+    assert gmr.x.tolist() == [0.0, 2.0, 3.0, 4.0]
+    # s0 at the grid: 0 20 30 40; s1: 10 (0 MB) 23.33 (2 MB) 30 (3 MB) 36.67 (4 MB)
+    s1_at = [10.0, 10 + 20 * 2 / 3, 30.0, 30 + 20 / 3]
+    assert gmr.y.tolist() == pytest.approx([(a + b) / 2 for a, b in zip([0, 20, 30, 40], s1_at)], abs=1e-12)
+    lo, hi = gmr.band  # type: ignore[misc]
+    half = [abs(a - b) / np.sqrt(2) for a, b in zip([0, 20, 30, 40], s1_at)]
+    assert (gmr.y - lo).tolist() == pytest.approx(half, abs=1e-12)
+    assert (hi - gmr.y).tolist() == pytest.approx(half, abs=1e-12)
+    assert gmr.dashed is not None and gmr.dashed[1].tolist() == [0.5] * 4  # average density, mean of seeds
+    assert fedavg.x.tolist() == [0.0, 8.0] and fedavg.y.tolist() == [0.0, 10.0] and fedavg.band is None
+    # --no-bands: every run its own line, told apart by the seed
+    lines = metric_curves([s0, avg, s1], x="bytes_total", bands=False)
+    assert [c.label for c in lines] == ["fedgmr, seed=0", "fedavg, seed=0", "fedgmr, seed=1"]
+    assert all(c.band is None for c in lines) and lines[2].x.tolist() == [0.0, 3.0, 6.0]
+
+
+def test_group_labels_name_the_fewest_keys_that_tell_groups_apart(tmp_path: Path):
+    runs = [make_run(tmp_path / f"{m}-{h}", [rec(0, 0.1)], method=m, clients={"heterogeneity": h},
+                     data={"partition": "iid"}) for m in ("fedgmr", "fedavg") for h in ("high", "low")]
+    groups = [[r] for r in runs]
+    assert group_labels(groups, ["fedgmr", "fedgmr", "fedavg", "fedavg"]) == [
+        "fedgmr, heterogeneity=high", "fedgmr, heterogeneity=low", "fedavg, heterogeneity=high",
+        "fedavg, heterogeneity=low"]
+    assert group_labels([[runs[0]], [runs[0]]], ["a", "a"]) == ["a [fedgmr-high]", "a [fedgmr-high]"]
+
+
+def test_loss_against_steps(tmp_path: Path):
+    run = make_run(tmp_path / "r", [rec(0, 0.25), rec(5, 0.5), rec(5, 0.75)])
+    (curve,) = metric_curves([run], x="step", metric="loss")
+    assert curve.x.tolist() == [0.0, 5.0, 5.0] and curve.y.tolist() == [1.75, 1.5, 1.25] and curve.dashed is None
+
+
+# ---------------------------------------------------------------------------- per level, per client
+LEVEL_ROWS = [rec(0, 0.1, levels=[0.1, 0.5, 1.0], level_accuracy=[0.05, 0.25, 0.1]), rec(10, 0.3),
+              rec(20, 0.5, levels=[0.1, 0.5, 1.0], level_accuracy=[0.15, 0.375, 0.5])]
+
+
+def test_level_curves_one_per_level_from_the_records_that_have_them():
+    curves = level_curves(LEVEL_ROWS, "time", "m")
+    assert [(lv, x.tolist(), y.tolist()) for lv, x, y in curves] == [
+        (0.1, [0.0, 20.0], [5.0, 15.0]), (0.5, [0.0, 20.0], [25.0, 37.5]), (1.0, [0.0, 20.0], [10.0, 50.0])]
+
+
+def test_a_run_without_level_accuracy_says_how_to_get_it():
+    with pytest.raises(RunDirError, match=r"no per-level accuracy \('level_accuracy'\): run with "
+                                          r"--set run.level_eval_every=N"):
+        level_curves([rec(0, 0.1)], "time", "m")
+
+
+def test_client_spread_mean_min_max_and_percentiles_over_clients_with_a_split():
+    rows = [rec(0, 0.1, client_accuracy=[0.1, None, 0.5, 0.9]), rec(5, 0.2),
+            rec(10, 0.3, client_accuracy=[0.2, None, 0.2, 0.8])]
+    s = client_spread(rows, "time", "m")
+    assert s.x.tolist() == [0.0, 10.0] and s.clients == 3
+    assert s.mean.tolist() == pytest.approx([50.0, 40.0], abs=1e-12)
+    assert s.lo.tolist() == pytest.approx([10.0, 20.0]) and s.hi.tolist() == pytest.approx([90.0, 80.0])
+    # numpy's linear percentiles of (10, 50, 90): 18 and 82; of (20, 20, 80): 20 and 68
+    assert s.p10.tolist() == pytest.approx([18.0, 20.0]) and s.p90.tolist() == pytest.approx([82.0, 68.0])
+
+
+# ---------------------------------------------------------------------------- the command
+def test_plot_command_draws_bands_levels_and_clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for seed in (0, 1):
+        make_run(tmp_path / "runs" / f"s{seed}", [rec(t, 0.1 * seed + 0.01 * t, 1e5 * t, 2e5 * t, **(
+            {"levels": [0.2, 1.0], "level_accuracy": [0.01 * t, 0.02 * t], "client_accuracy": [0.5, None, 0.1 * seed]}
+            if t % 4 == 0 else {})) for t in range(0, 21, 2)], seed=seed)
+    proc = fedgmr("plot", "runs", "--x", "bytes_total", "--out", "bands.png", cwd=tmp_path)  # the installed CLI
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "bands.png" and (tmp_path / "bands.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.chdir(tmp_path)
+    for args in (["runs/s0", "runs/s1", "--no-bands", "--metric", "min_coverage"],
+                 ["runs/s0", "--levels", "--x", "step"], ["runs/s1", "--clients"]):
+        png = tmp_path / "p.png"
+        png.unlink(missing_ok=True)
+        result = CliRunner().invoke(app, ["plot", *args, "--out", str(png)])
+        assert result.exit_code == 0, (args, result.stderr)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["runs/s0", "--x", "wall"], 3, "record 1 has no 'wall_time' field, which --x wall needs"),
+    (["runs/s0", "runs/s0", "--levels"], 2, "--levels plots one run: give one run directory (got 2)"),
+    (["runs/s0", "--clients", "--metric", "loss"], 2, "--clients plots accuracy: drop --metric loss"),
+    (["runs/s0", "--clients"], 3, "no per-client accuracy ('client_accuracy')"),
+    (["runs/s0", "--x", "bytes"], 2, "invalid value for '--x'"),
+])
+def test_plot_command_errors_are_one_line(tmp_path: Path, args: list[str], code: int, needle: str,
+                                         monkeypatch: pytest.MonkeyPatch):
+    make_run(tmp_path / "runs" / "s0", [rec(0, 0.1), rec(1, 0.2)])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plot", *args, "--out", "p.png"])
+    assert result.exit_code == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+    assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.slow
+def test_plot_of_a_real_tiny_run_with_levels(tmp_path: Path):
+    for seed in (0, 1):
+        run_experiment(resolve_config(tiny_config(seed=seed, run={"max_steps": 8, "eval_every": 2,
+                                                                  "level_eval_every": 2})), tmp_path / f"s{seed}")
+    (curve,) = metric_curves([tmp_path / "s0", tmp_path / "s1"], x="bytes_total")
+    rows = [[json.loads(line) for line in (tmp_path / f"s{s}" / "metrics.jsonl").read_text().splitlines()]
+            for s in (0, 1)]
+    assert curve.label == "fedgmr (mean ± std, 2 seeds)"
+    assert curve.x[0] == 0.0 and curve.x[-1] == min((r[-1]["bytes_up"] + r[-1]["bytes_down"]) / 1e6 for r in rows)
+    assert curve.y[0] == pytest.approx(50 * (rows[0][0]["accuracy"] + rows[1][0]["accuracy"]), abs=1e-12)
+    proc = fedgmr("plot", "s0", "s1", "--x", "bytes_total", "--out", "bytes.png", cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "bytes.png").read_bytes()[:4] == b"\x89PNG", proc.stderr
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "s0"), "--levels", "--out", str(tmp_path / "lv.png")])
+    assert result.exit_code == 0 and (tmp_path / "lv.png").read_bytes()[:4] == b"\x89PNG", result.stderr
+    levels = level_curves(rows[0], "time", "m")
+    assert [lv for lv, _, _ in levels] == rows[0][0]["levels"]
+    assert levels[-1][2].tolist() == [100 * r["level_accuracy"][-1] for r in rows[0] if "level_accuracy" in r]
