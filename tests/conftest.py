@@ -68,6 +68,23 @@ def tiny_config(**sections: Any) -> dict[str, Any]:
     return cfg
 
 
+def simulate(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
+    """Build ``raw`` (a raw config dict), run it to its end, and return (records, the
+    experiment); the executor is closed on every path."""
+    from fedgmr.experiment.build import build_experiment
+    from fedgmr.methods import resolve_config
+
+    records: list[dict[str, Any]] = []
+    cfg = resolve_config(raw)
+    exp = build_experiment(cfg, on_record=records.append)
+    try:
+        exp.simulator.run(cfg.run.max_steps, cfg.run.max_time)
+        exp.simulator.finish()
+    finally:
+        exp.executor.close()
+    return records, exp
+
+
 @pytest.fixture
 def tiny() -> Any:
     return tiny_config

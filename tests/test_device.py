@@ -24,7 +24,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from conftest import tiny_config
+from conftest import simulate, tiny_config
 from fake_cuda import fake_cuda
 from fedgmr.cli import app
 from fedgmr.config import parse_config
@@ -160,13 +160,7 @@ CASES = {
 
 
 def _simulate(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], torch.Tensor]:
-    records: list[dict[str, Any]] = []
-    exp = build_experiment(resolve_config(raw), on_record=records.append)
-    try:
-        exp.simulator.run(raw["run"]["max_steps"])
-        exp.simulator.finish()
-    finally:
-        exp.executor.close()
+    records, exp = simulate(raw)
     return records, exp.strategy.params
 
 

@@ -10,21 +10,14 @@ import sys
 import pytest
 import torch
 
-from conftest import scaled, tiny_config
-from fedgmr.experiment.build import build_experiment
+from conftest import scaled, simulate, tiny_config
 from fedgmr.experiment.diagnostics import Diagnostics, masked_level_accuracy
-from fedgmr.methods import resolve_config
 
 EXTRA = ("levels", "level_accuracy", "client_accuracy")
 
 
 def run(raw: dict) -> list[dict]:
-    records: list[dict] = []
-    cfg = resolve_config(raw)
-    exp = build_experiment(cfg, on_record=records.append)
-    exp.simulator.run(cfg.run.max_steps, cfg.run.max_time)
-    exp.simulator.finish()
-    return records
+    return simulate(raw)[0]
 
 
 def test_masked_level_accuracy_evaluates_the_params_under_each_mask():

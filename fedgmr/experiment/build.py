@@ -250,25 +250,24 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     val_x, val_y = x[partition.server_val], y[partition.server_val]
     splits = {"test": (data.test.x, data.test.y), "val": (val_x, val_y)}
 
-    def evaluator(flat: torch.Tensor, bufs: dict[str, torch.Tensor], split: str) -> tuple[float, float]:
-        space.load(eval_model, flat)
-        set_buffers(eval_model, bufs)
-        sx, sy = splits[split]
-        if len(sy) == 0:
-            raise ConfigError(f"the {split} split is empty (check data.val_fraction)")
-        return evaluate(eval_model, sx, sy, data.task, data.pad_index)
-
     def evaluate_split(flat: torch.Tensor, bufs: dict[str, torch.Tensor], sx: torch.Tensor,
                        sy: torch.Tensor) -> tuple[float, float]:
         space.load(eval_model, flat)
         set_buffers(eval_model, bufs)
         return evaluate(eval_model, sx, sy, data.task, data.pad_index)
 
+    def evaluator(flat: torch.Tensor, bufs: dict[str, torch.Tensor], split: str) -> tuple[float, float]:
+        sx, sy = splits[split]
+        if len(sy) == 0:
+            raise ConfigError(f"the {split} split is empty (check data.val_fraction)")
+        return evaluate_split(flat, bufs, sx, sy)
+
     diagnostics = Diagnostics(
         evaluate_test=lambda flat, bufs: evaluator(flat, bufs, "test")[0],
         level_masks=lambda: [strategy.policy.mask(level) for level in range(len(strategy.ladder.ladder))],
         levels=lambda: list(strategy.ladder.ladder),
-        client_splits=[(x[idx], y[idx]) for idx in partition.client_val], evaluate_split=evaluate_split,
+        client_splits=[(x[idx], y[idx]) for idx in partition.client_val] if cfg.run.client_eval_every else [],
+        evaluate_split=evaluate_split,
         level_every=cfg.run.level_eval_every, client_every=cfg.run.client_eval_every)
 
     net = cfg.network

@@ -16,7 +16,6 @@ per-client accuracy curves. Pure data preparation (no matplotlib), tested exactl
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,7 +23,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fedgmr.errors import ConfigError, RunDirError
-from fedgmr.experiment.metrics import EXECUTION_KEYS, experiment_identity, flatten_config, read_metrics
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, experiment_identity, finite_number, flatten_config,
+                                      read_metrics, read_run_config)
 from fedgmr.registry import Registry
 
 #: bytes in one MB on the plots' axes (the unit of ``network.model_size_mb``)
@@ -74,10 +74,6 @@ def choice(registry: Registry[Any], name: str, option: str) -> Any:
     return registry.get(name)
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def axis_values(rows: Sequence[dict[str, Any]], axis: str, where: str | Path) -> np.ndarray:
     """The x value of every record (``RunDirError`` naming ``where`` when a record lacks
     the axis' keys, holds a non-number or goes back along the axis)."""
@@ -88,7 +84,7 @@ def axis_values(rows: Sequence[dict[str, Any]], axis: str, where: str | Path) ->
             if key not in row:
                 hint = f" ({spec.hint})" if spec.hint else ""
                 raise RunDirError(f"{where}: record {n} has no '{key}' field, which --x {axis} needs{hint}")
-            if not _number(row[key]):
+            if not finite_number(row[key]):
                 raise RunDirError(f"{where}: record {n} has '{key}' = {row[key]!r:.40}, expected a finite number")
         out[n - 1] = float(spec.value(row))
         if n > 1 and out[n - 1] < out[n - 2]:
@@ -103,7 +99,7 @@ def metric_values(rows: Sequence[dict[str, Any]], metric: str, where: str | Path
     out = np.empty(len(rows))
     for n, row in enumerate(rows, 1):
         value = row.get(spec.key)
-        if not _number(value):
+        if not finite_number(value):
             what = "no" if spec.key not in row else f"a non-number ({value!r:.40}) in its"
             raise RunDirError(f"{where}: record {n} has {what} '{spec.key}' field, which --metric {metric} needs")
         out[n - 1] = spec.scale * float(value)
@@ -177,13 +173,7 @@ def group_seeds(run_dirs: Sequence[str | Path]) -> list[list[Path]]:
 
 def run_config(run_dir: Path) -> dict[str, Any]:
     """A run's ``config.yaml`` as dotted keys ({} when it has none or it is unreadable)."""
-    import yaml
-
-    try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return {}
-    return flatten_config(cfg) if isinstance(cfg, dict) else {}
+    return flatten_config(read_run_config(run_dir) or {})
 
 
 def group_labels(groups: Sequence[Sequence[Path]], names: Sequence[str]) -> list[str]:
@@ -223,7 +213,7 @@ def level_curves(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
         if not isinstance(levels, list) or not isinstance(accs, list) or len(levels) != len(accs):
             raise RunDirError(f"{where}: record {n} has a 'level_accuracy' not aligned with its 'levels'")
         for level, acc in zip(levels, accs):
-            if _number(acc) and _number(level):
+            if finite_number(acc) and finite_number(level):
                 xs, ys = curves.setdefault(float(level), ([], []))
                 xs.append(float(xv))
                 ys.append(100.0 * float(acc))
@@ -248,16 +238,16 @@ def client_spread(rows: Sequence[dict[str, Any]], axis: str, where: str | Path) 
     """The spread of ``client_accuracy`` (nulls, clients without a held-out split, left
     out) at each record that holds one."""
     picked = [r for r in rows if isinstance(r.get("client_accuracy"), list)
-              and any(_number(a) for a in r["client_accuracy"])]
+              and any(finite_number(a) for a in r["client_accuracy"])]
     if not picked:
         raise RunDirError(f"{where} has no per-client accuracy ('client_accuracy'): run with "
                           f"--set run.client_eval_every=N --set data.client_val_fraction=0.1")
     x = axis_values(picked, axis, where)
     stats = []
     for row in picked:
-        acc = 100.0 * np.asarray([a for a in row["client_accuracy"] if _number(a)], dtype=float)
+        acc = 100.0 * np.asarray([a for a in row["client_accuracy"] if finite_number(a)], dtype=float)
         p10, p90 = np.percentile(acc, [10, 90])
         stats.append((acc.mean(), acc.min(), acc.max(), p10, p90))
     cols = np.asarray(stats).T
-    clients = max(sum(_number(a) for a in r["client_accuracy"]) for r in picked)
+    clients = max(sum(finite_number(a) for a in r["client_accuracy"]) for r in picked)
     return ClientSpread(x, *cols, clients=clients)

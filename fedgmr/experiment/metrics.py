@@ -110,7 +110,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
+    """A real, finite number (not a bool, not NaN or infinity)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -126,7 +127,7 @@ def check_records(rows: Sequence[dict[str, Any]], path: str | Path, fields: Sequ
                 hint = ("; it has 'wall_time': a Flower run written before every runtime wrote 'time' (rerun it)"
                         if key == "time" and "wall_time" in row else "")
                 raise RunDirError(f"{path}: record {n} has no '{key}' field (needed: {', '.join(fields)}){hint}")
-            if not _number(row[key]):
+            if not finite_number(row[key]):
                 raise RunDirError(f"{path}: record {n} has '{key}' = {row[key]!r:.40}, expected a finite number")
         if "accuracy" in fields and not 0 <= row["accuracy"] <= 1:
             raise RunDirError(f"{path}: record {n} has accuracy {row['accuracy']!r}, expected a fraction in [0, 1]")
@@ -191,7 +192,7 @@ def summary_t_star(run_dirs: Sequence[str | Path], required: bool = True) -> flo
         value = read_summary(d).get("t_star")
         if value is None:
             continue
-        if not (_number(value) and value >= 0):
+        if not (finite_number(value) and value >= 0):
             raise RunDirError(f"{Path(d) / 'summary.json'} is damaged: t_star is {value!r:.40}, expected a time >= 0")
         found.setdefault(float(value), []).append(str(d))
     if len(found) > 1:
@@ -224,7 +225,7 @@ def run_eval_interval(run_dir: str | Path) -> float | None:
         run = cfg.get("run") if isinstance(cfg, dict) else None
         value = run.get("eval_interval") if isinstance(run, dict) else None
         where = config_path
-    if value is not None and not (_number(value) and value > 0):
+    if value is not None and not (finite_number(value) and value > 0):
         raise RunDirError(f"{where} is damaged: eval_interval is {value!r:.40}, expected a number > 0 or null")
     return value
 
@@ -248,7 +249,7 @@ def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _run_config(run_dir: str | Path) -> dict[str, Any] | None:
+def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:
     import yaml
 
     try:
@@ -261,7 +262,7 @@ def _run_config(run_dir: str | Path) -> dict[str, Any] | None:
 def experiment_identity(run_dir: str | Path) -> str | None:
     """What a run computed, seed aside (None when the run has no readable config):
     runs with the same identity are seeds of one experiment."""
-    cfg = _run_config(run_dir)
+    cfg = read_run_config(run_dir)
     if cfg is None:
         return None
     flat = {k: v for k, v in flatten_config(cfg).items() if k not in EXECUTION_KEYS}
@@ -270,7 +271,7 @@ def experiment_identity(run_dir: str | Path) -> str | None:
 
 
 def _seed_of(run_dir: str | Path) -> Any:
-    cfg = _run_config(run_dir)
+    cfg = read_run_config(run_dir)
     return None if cfg is None else cfg.get("seed")
 
 
@@ -290,11 +291,11 @@ def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | 
     """
     if not run_dirs:
         raise ConfigError("give at least one run directory")
-    if not _number(t_star) or t_star < 0:
+    if not finite_number(t_star) or t_star < 0:
         raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 in seconds (got {t_star})")
-    if span is not None and not (_number(span) and span > 0):
+    if span is not None and not (finite_number(span) and span > 0):
         raise ConfigError(f"invalid value for '--window': must be a finite number of seconds > 0 (got {span})")
-    if target is not None and not (_number(target) and 0 < target <= 1):
+    if target is not None and not (finite_number(target) and 0 < target <= 1):
         raise ConfigError(f"invalid value for '--target': must be an accuracy in (0, 1] (got {target})")
     runs = []
     for d in run_dirs:

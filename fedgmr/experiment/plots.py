@@ -21,31 +21,13 @@ def plot_runs(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str | 
               title: str | None = None, t_star: float | None = None) -> Path:
     """One figure: test accuracy (left axis, solid) and average density (right axis,
     dashed) against virtual time, one colour per run."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
-    ax2 = ax.twinx()
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (label, rows) in enumerate(runs):
-        c = colors[i % len(colors)]
-        t = [r["time"] for r in rows]
-        ax.plot(t, [100 * r["accuracy"] for r in rows], color=c, lw=1.6, label=label)
-        ax2.plot(t, [r["avg_density"] for r in rows], color=c, lw=1.1, ls="--", alpha=0.8)
-    if t_star is not None:
-        ax.axvline(t_star, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("virtual time (s)")
-    ax.set_ylabel("test accuracy (%)")
-    ax2.set_ylabel("average density (dashed)")
-    ax2.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    try:
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
-    return path
+    curves = []
+    for label, rows in runs:
+        t = np.array([r["time"] for r in rows], dtype=float)
+        curves.append(Curve(label, t, np.array([100 * r["accuracy"] for r in rows], dtype=float),
+                            dashed=(t, np.array([r["avg_density"] for r in rows], dtype=float))))
+    return draw_curves(curves, path, "virtual time (s)", "test accuracy (%)", title=title, vline=t_star,
+                       right_label="average density (dashed)", legend_loc="lower right")
 
 
 def check_plot_path(path: str | Path, option: str = "--out") -> Path:
@@ -96,7 +78,7 @@ class Curve:
 
 
 def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: str, title: str | None = None,
-                vline: float | None = None, right_label: str | None = None) -> Path:
+                vline: float | None = None, right_label: str | None = None, legend_loc: str = "best") -> Path:
     """One figure: a line per curve (with its bands), a dashed right-axis series per curve
     that has one, an optional vertical mark (t*)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
@@ -119,7 +101,7 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc=legend_loc, fontsize=8)
     if title:
         ax.set_title(title)
     fig.tight_layout()

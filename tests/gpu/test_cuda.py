@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import simulate, tiny_config
 from fedgmr.device import resolve_device
 from fedgmr.errors import ConfigError
-from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.metrics import read_metrics
 from fedgmr.experiment.runner import run_experiment, saved_config
 from fedgmr.methods import resolve_config
@@ -33,13 +32,7 @@ def _raw(method: str, device: str, steps: int = 8, **run: Any) -> dict[str, Any]
 
 
 def _simulate(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], torch.Tensor, Any]:
-    records: list[dict[str, Any]] = []
-    exp = build_experiment(resolve_config(raw), on_record=records.append)
-    try:
-        exp.simulator.run(raw["run"]["max_steps"])
-        exp.simulator.finish()
-    finally:
-        exp.executor.close()
+    records, exp = simulate(raw)
     return records, exp.strategy.params, exp.strategy
 
 
