@@ -397,18 +397,22 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and what a rerun would do; run nothing"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
     imports: list[str] = _import_option("here and in every cell (with the sweep file's imports:)"),
+    only: list[str] = typer.Option([], "--only", help="run part of the grid: the cells with one of these values "
+                                   "on an axis, as in the cell names (--only heterogeneity=high --only seed=0,1); "
+                                   "repeatable; the cells keep their names, so a later full pass skips them"),
 ) -> None:
     """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
-    from fedgmr.experiment.sweep import (_cell_state, expand, import_sweep_code, load_sweep, resolve_cells,
-                                         run_sweep)
+    from fedgmr.experiment.sweep import (_cell_state, expand, import_sweep_code, load_sweep, parse_only,
+                                         resolve_cells, run_sweep, select)
 
     try:
         if executor not in ("local", "ray"):
             raise ConfigError(f"--executor must be local or ray, got '{executor}'")
         spec, root = load_sweep(sweep_file, overrides=set_, imports=imports)
+        chosen = parse_only(only)
         import_sweep_code(spec, root)
         if dry_run:
-            cells = expand(spec, root)
+            cells = select(expand(spec, root), chosen)
             resolve_cells(cells)
             for cell in cells:
                 state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
@@ -418,7 +422,7 @@ def sweep(
         display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
         with display:
             outcome = run_sweep(spec, Path(sweep_file), root, out, jobs=jobs, executor=executor,  # type: ignore
-                                ray_address=ray_address, on_event=display.event)
+                                ray_address=ray_address, on_event=display.event, only=chosen)
     except FedGMRError as exc:
         _fail(exc)
         return

@@ -317,6 +317,11 @@ class RunConfig(_Section):
     max_time: float | None = Field(None, gt=0)
     eval_interval: float | None = Field(None, gt=0)
     eval_every: int | None = Field(None, ge=1)
+    #: on the time grid, skip the test evaluations before this virtual time (null: none
+    #: skipped). Training is unchanged, and so is every record from then on: a sweep that
+    #: only needs Acc@t* evaluates its window and saves the rest (most of an asynchronous
+    #: run's wall time on a small model is spent evaluating)
+    eval_from: float | None = Field(None, ge=0)
     #: checkpoint every that many server steps or ``checkpoint_seconds`` of wall time,
     #: whichever comes first (both null: no checkpoints, the run cannot be resumed)
     checkpoint_every: int | None = Field(100, ge=1)
@@ -385,6 +390,14 @@ class RunConfig(_Section):
                 self.eval_interval = self.max_time / 100
             else:
                 self.eval_every = 5
+        if self.eval_from is not None:
+            if self.eval_interval is None:
+                raise ValueError("run.eval_from needs the time grid (run.eval_interval), not run.eval_every")
+            window = 10 * self.eval_interval  # Acc@t*'s default window (docs/reference.md §9.2)
+            if self.t_star is not None and self.eval_from > self.t_star - window:
+                raise ValueError(f"run.eval_from {self.eval_from:g} would leave out part of Acc@t*'s window "
+                                 f"[{self.t_star - window:g}, {self.t_star + window:g}]: set it at most "
+                                 f"{self.t_star - window:g}")
         return self
 
 

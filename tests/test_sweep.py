@@ -101,6 +101,33 @@ def test_sweep_runs_every_cell_and_a_rerun_redoes_nothing(tmp_path: Path):
     assert stamps == {c: (out / c / "summary.json").stat().st_mtime_ns for c in stamps}
 
 
+def test_only_runs_part_of_the_grid_and_a_full_pass_then_skips_it(tmp_path: Path):
+    sweep = _sweep_file(tmp_path, {"method": ["fedgmr", "fedavg"], "seed": [0, 1]})
+    out = tmp_path / "out"
+    dry = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", "seed=1", "--only", "method=fedavg",
+                  "--dry-run")
+    assert dry.returncode == 0 and dry.stdout.splitlines()[0].split() == ["new", "method=fedavg,seed=1"]
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", "seed=1", "--only", "method=fedavg")
+    assert proc.returncode == 0, proc.stderr
+    assert "1/1 cells done" in proc.stdout
+    ran = sorted(p.parent.name for p in out.glob("*/summary.json"))
+    assert ran == ["method=fedavg,seed=1"]  # the grid's own cell name, not a shorter one
+    index = _index(out)  # the whole grid, the other cells pending
+    assert {c["name"]: c["status"] for c in index["cells"]} == {
+        "method=fedgmr,seed=0": "pending", "method=fedgmr,seed=1": "pending",
+        "method=fedavg,seed=0": "pending", "method=fedavg,seed=1": "done"}
+    # another part: the first part stays in the index as done
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", "method=fedgmr,fedavg", "--only", "seed=0")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["status"] for c in _index(out)["cells"]] == ["done", "pending", "done", "done"]
+    full = _fedgmr("sweep", str(sweep), "--out", str(out))
+    assert "4/4 cells done (3 already finished, 0 resumed)" in full.stdout, full.stdout + full.stderr
+    for bad, message in (("seed=7", "no cell has 7 (values: 0, 1)"), ("lr=0.1", "is not an axis"),
+                         ("seed", "expects axis=value")):
+        proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", bad)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path: Path):
     # the mnist loader on an empty directory fails at run time, after validation
     empty = tmp_path / "no-data"

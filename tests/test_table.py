@@ -164,3 +164,20 @@ def test_compare_groups_seeds_into_one_row_and_the_mri_is_over_other_methods(gri
                           capture_output=True, text=True, env=ENV, timeout=scaled(300))
     assert proc.returncode == 0, proc.stderr
     assert "2 seeds (0, 1)" in proc.stdout and "across seeds" in proc.stdout and "+14.08%" in proc.stdout
+
+
+def test_a_sweep_directory_tabulates_in_its_grid_order_not_alphabetically(tmp_path: Path):
+    # a sweep file listing heterogeneity as high, medium, low (alphabetically: high, low, medium)
+    names = []
+    for het, acc in (("high", 0.80), ("medium", 0.85), ("low", 0.90)):
+        for method in ("fedgmr", "fedavg"):
+            names.append(_run(tmp_path, method, 0, het, acc).name)
+    (tmp_path / "sweep.json").write_text(json.dumps({"cells": [{"name": n} for n in names]}))
+    t = _table(tmp_path)
+    assert t.cols == [("high",), ("medium",), ("low",)]
+    assert t.rows == [("fedgmr",), ("fedavg",)]
+    header = next(ln for ln in render(t, "md").splitlines() if ln.startswith("| method"))
+    assert [c.strip() for c in header.split("|")[2:-1]] == ["high", "medium", "low"]
+    # without the index the runs come by path and the first seen value leads
+    (tmp_path / "sweep.json").unlink()
+    assert _table(tmp_path).cols == [("high",), ("low",), ("medium",)]

@@ -291,7 +291,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     try:
         sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
                         cfg.run.eval_every, check, byte_scale(cfg, space), wants_client_validation(cfg), on_record,
-                        cfg.run.eval_interval, diagnostics if diagnostics.enabled else None)
+                        cfg.run.eval_interval, diagnostics if diagnostics.enabled else None,
+                        eval_from=cfg.run.eval_from or 0.0)
     except BaseException:
         executor.close()
         raise

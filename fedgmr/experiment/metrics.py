@@ -231,10 +231,11 @@ def run_eval_interval(run_dir: str | Path) -> float | None:
 
 
 #: keys that say how a run was executed, not what it computed (and the seed): runs that
-#: differ only in these are seeds of one experiment
+#: differ only in these are seeds of one experiment. ``run.eval_from`` belongs here: it
+#: leaves out early evaluations and changes neither training nor any later record
 EXECUTION_KEYS = frozenset({"seed", "data.root", "run.executor", "run.workers", "run.torch_threads",
                             "run.ray_address", "run.checkpoint_every", "run.checkpoint_seconds", "run.device",
-                            "run.loggers", "run.mlflow_uri"})
+                            "run.loggers", "run.mlflow_uri", "run.eval_from"})
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

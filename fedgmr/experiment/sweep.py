@@ -100,6 +100,8 @@ class Cell:
     status: Status = "pending"
     error: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    #: the cell's value on each axis of the grid (``preset``, ``case`` and the grid's keys)
+    point: dict[str, Any] = field(default_factory=dict)
 
     def index_entry(self) -> dict[str, Any]:
         return {"name": self.name, "base": self.base, "overrides": self.overrides, "status": self.status,
@@ -199,10 +201,45 @@ def expand(spec: SweepSpec, root: Path) -> list[Cell]:
         overrides.update(cases.get(chosen.pop("case", None), {}))  # type: ignore[arg-type]
         overrides.update(chosen)
         parts = [f"{_short(k, named)}={_label(v)}" for k, v in zip((k for k, _ in axes), point) if k in named]
-        cells.append(Cell(",".join(parts) or "run", _resolve_base(base, root), overrides))
+        cells.append(Cell(",".join(parts) or "run", _resolve_base(base, root), overrides,
+                          point=dict(zip((k for k, _ in axes), point))))
     if len({c.name for c in cells}) != len(cells):
         raise ConfigError("two cells of the sweep would share a directory name: make the axis values distinct")
     return cells
+
+
+def parse_only(items: Iterable[str]) -> dict[str, list[str]]:
+    """``--only`` arguments (``heterogeneity=high``, ``seed=0,1``) as axis -> values."""
+    only: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise ConfigError(f"--only expects axis=value[,value...], got '{item}'")
+        only.setdefault(key.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
+    return only
+
+
+def select(cells: list[Cell], only: dict[str, list[str]]) -> list[Cell]:
+    """The cells whose value on each named axis is one of the listed values. Axes are
+    named as in the cell names (``heterogeneity``, ``preset``, ``case``) or by their
+    dotted key; values as they are written in the cell names. ConfigError naming the
+    axes or the values there are, for a name that matches nothing."""
+    if not only or not cells:
+        return list(cells)
+    axes = list(cells[0].point)
+    chosen: list[tuple[str, set[str]]] = []
+    for name, values in only.items():
+        matches = [k for k in axes if k == name] or [k for k in axes if k.rsplit(".", 1)[-1] == name]
+        if len(matches) != 1:
+            what = "is ambiguous" if matches else "is not an axis of this sweep"
+            raise ConfigError(f"--only {name}: {what} (axes: {', '.join(axes)})")
+        axis = matches[0]
+        present = list(dict.fromkeys(_label(c.point[axis]) for c in cells))
+        unknown = [v for v in values if v not in present]
+        if unknown:
+            raise ConfigError(f"--only {name}: no cell has {', '.join(unknown)} (values: {', '.join(present)})")
+        chosen.append((axis, set(values)))
+    return [c for c in cells if all(_label(c.point[a]) in vs for a, vs in chosen)]
 
 
 def _resolve_base(base: str, root: Path) -> str:
@@ -338,14 +375,18 @@ def _last_error(log_path: Path) -> str:
 
 def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: int | None = None,
               executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-              on_event: Callable[[str, Cell, int, int], None] | None = None) -> SweepOutcome:
+              on_event: Callable[[str, Cell, int, int], None] | None = None,
+              only: dict[str, list[str]] | None = None) -> SweepOutcome:
     """Run (or continue) the sweep into ``out``; returns what this pass did.
 
+    ``only`` (axis -> values, :func:`select`) runs part of the grid: the other cells keep
+    their names and places in the index (``pending`` until a pass runs them).
     ``ray_address`` defaults to the base config's ``run.ray_address``.
     ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
     ``fail`` events, for a progress display."""
     import_sweep_code(spec, root)
-    cells = expand(spec, root)
+    every = expand(spec, root)
+    cells = select(every, only or {})
     resolve_cells(cells)
     if executor == "ray" and ray_address is None:
         ray_address = cells[0].config.run.ray_address  # type: ignore[union-attr]
@@ -375,11 +416,17 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     for cell in cells:
         if cell.status in ("done", "failed"):
             notify("skip" if cell.status == "done" else "fail", cell, finished, len(cells))
-    _write_index(out, spec, sweep_file, cells)
+    chosen = {c.name for c in cells}
+    for cell in every:  # the cells this pass leaves alone: as a full pass would find them
+        if cell.name not in chosen and (out / cell.name / "summary.json").is_file():
+            cell.status, cell.result = "done", _headline(out / cell.name)
+    # the index lists the whole grid; the cells of this pass are the objects updated below
+    index = [next((c for c in cells if c.name == e.name), e) for e in every]
+    _write_index(out, spec, sweep_file, index)
     if executor == "ray":
-        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify)
+        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index)
     else:
-        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify)
+        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify, index)
     return SweepOutcome(cells, skipped, resumed, time.perf_counter() - t0)
 
 
@@ -391,7 +438,7 @@ def _finish(cell: Cell, out: Path, rc: int, error: str | None) -> None:
 
 
 def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[Cell], spec: SweepSpec,
-               sweep_file: Path, notify: Callable[[str, Cell, int, int], None]) -> None:
+               sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell]) -> None:
     env = _with_path({**os.environ, PARENT_ENV: str(os.getpid()), "FEDGMR_PROGRESS": "0"},
                      _module_path(spec.imports))
     queue = list(todo)
@@ -407,7 +454,7 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                 running[proc] = (cell, log)
                 cell.status = "running"
                 notify("start", cell, finished, len(cells))
-            _write_index(out, spec, sweep_file, cells)
+            _write_index(out, spec, sweep_file, index)
             while not any(p.poll() is not None for p in running):
                 time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
@@ -417,7 +464,7 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                         if proc.returncode else None)
                 finished += 1
                 notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
-            _write_index(out, spec, sweep_file, cells)
+            _write_index(out, spec, sweep_file, index)
     finally:
         # an interrupted sweep stops its cells (each resumes from its checkpoint next time)
         for proc, (cell, log) in running.items():
@@ -431,7 +478,7 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
             log.close()
             if cell.status == "running":
                 cell.status = "pending"
-        _write_index(out, spec, sweep_file, cells)
+        _write_index(out, spec, sweep_file, index)
 
 
 def _ray_cell(cmd: list[str], log_path: str, pythonpath: list[str] | None = None) -> tuple[int, str | None]:
@@ -444,7 +491,7 @@ def _ray_cell(cmd: list[str], log_path: str, pythonpath: list[str] | None = None
 
 
 def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells: list[Cell], spec: SweepSpec,
-             sweep_file: Path, notify: Callable[[str, Cell, int, int], None]) -> None:
+             sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell]) -> None:
     from fedgmr.sim.executors import _import_ray
 
     ray = _import_ray()
@@ -460,7 +507,7 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
                                _module_path(spec.imports))] = cell
             cell.status = "running"
             notify("start", cell, finished, len(cells))
-        _write_index(out, spec, sweep_file, cells)
+        _write_index(out, spec, sweep_file, index)
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             for ref in ready:
@@ -472,12 +519,12 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
                 _finish(cell, out, rc, error)
                 finished += 1
                 notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
-            _write_index(out, spec, sweep_file, cells)
+            _write_index(out, spec, sweep_file, index)
     finally:
         for ref, cell in refs.items():
             ray.cancel(ref, force=True)
             cell.status = "pending"
-        _write_index(out, spec, sweep_file, cells)
+        _write_index(out, spec, sweep_file, index)
         if started:
             ray.shutdown()
 

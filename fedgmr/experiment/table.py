@@ -72,8 +72,21 @@ def find_runs(dirs: Sequence[str | Path]) -> list[Path]:
                       and not any(part.startswith(".") for part in p.relative_to(d).parts))
         if not hits:
             raise FedGMRError(f"{d} holds no run directory (none with config.yaml and metrics.jsonl)")
-        found.extend(hits)
+        found.extend(sorted(hits, key=_sweep_rank(d)))
     return list(dict.fromkeys(found))
+
+
+def _sweep_rank(root: Path) -> Any:
+    """Sort key putting the cells of a sweep directory in the order of its sweep file's grid
+    (so a table's columns read high, medium, low as the file lists them); other runs after
+    them, by path."""
+    order: dict[str, int] = {}
+    try:
+        index = json.loads((root / "sweep.json").read_text())
+        order = {str(c["name"]): i for i, c in enumerate(index["cells"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return lambda p: (order.get(str(p.relative_to(root)), len(order)), str(p))
 
 
 def read_run(path: Path) -> RunData:
@@ -197,8 +210,17 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
                 downs.append(m.bytes_down[i] if i is not None else math.nan)
             cell.update(tta=ttas, up=ups, down=downs)
         cells[key] = cell
-    row_vals = sorted({k[0] for k in cells}, key=lambda v: [str(x) for x in v])
-    col_vals = sorted({k[1] for k in cells}, key=lambda v: [str(x) for x in v])
+    # values in the order the runs came (a sweep's grid order: see find_runs), per key
+    rank: dict[str, dict[Any, int]] = {}
+    for r in runs:
+        for k in group_keys:
+            rank.setdefault(k, {}).setdefault(_hashable(r.config.get(k)), len(rank[k]))
+
+    def order_of(keys: Sequence[str]) -> Any:
+        return lambda v: [rank[k][x] for k, x in zip(keys, v)]
+
+    row_vals = sorted({k[0] for k in cells}, key=order_of(row_keys))
+    col_vals = sorted({k[1] for k in cells}, key=order_of(col_keys))
     if row_keys == ["method"]:
         order = {m: i for i, m in enumerate((mri_of, *baselines))}
         row_vals.sort(key=lambda v: order.get(v[0], len(order)))

@@ -116,6 +116,9 @@ class Simulator:
     diagnostics: ``diagnostics(index, version, params, buffers)`` -> extra record keys for
         the ``index``-th test evaluation (per-level and per-client accuracy, at their own
         cadence; see :class:`fedgmr.experiment.diagnostics.Diagnostics`).
+    eval_from: on the time grid, no test evaluation (and no record) at grid points before
+        this virtual time. Evaluation never changes training, so every record from then on
+        is the one a run evaluating the whole grid writes.
     """
 
     def __init__(self, strategy: MaskedBufferedStrategy, space: ParamSpace, executor: Executor,
@@ -124,8 +127,8 @@ class Simulator:
                  eval_every: int | None = 5, check_interval: int = 5, byte_scale: float = 1.0,
                  client_validation: bool = False, on_record: Callable[[dict[str, Any]], None] | None = None,
                  eval_interval: float | None = None,
-                 diagnostics: Callable[[int, int, torch.Tensor, dict[str, torch.Tensor]], dict[str, Any]] | None = None
-                 ) -> None:
+                 diagnostics: Callable[[int, int, torch.Tensor, dict[str, torch.Tensor]], dict[str, Any]] | None = None,
+                 eval_from: float = 0.0) -> None:
         self.strategy = strategy
         self.diagnostics = diagnostics
         self.space = space
@@ -141,6 +144,7 @@ class Simulator:
         if eval_interval is not None and not eval_interval > 0:
             raise ValueError(f"eval_interval must be > 0, got {eval_interval}")
         self.eval_interval = eval_interval
+        self.eval_from = eval_from
         self.eval_every = eval_every
         self.check_interval = check_interval
         self.byte_scale = byte_scale
@@ -381,7 +385,8 @@ class Simulator:
         """Evaluate every grid point before ``until`` (or at it, when ``inclusive``)."""
         while self.next_grid < until or (inclusive and self.next_grid <= until):
             since = self._since_record
-            self._evaluate(since["val"], since["restored"], at=self.next_grid)
+            if self.next_grid >= self.eval_from:
+                self._evaluate(since["val"], since["restored"], at=self.next_grid)
             self._since_record = {"restored": [], "val": None}
             self._grid_index += 1
             assert self.eval_interval is not None
