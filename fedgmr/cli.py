@@ -205,10 +205,12 @@ def format_compare(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Acc@t* (t* = {result['t_star']:,.0f} s)  |  time-to-{100 * result['target']:.1f}%",
+    metric = result.get("metric", "accuracy")
+    label = "Acc@t*" if metric == "accuracy" else f"Acc@t* of {metric}"
+    table = Table(title=f"{label} (t* = {result['t_star']:,.0f} s)  |  time-to-{100 * result['target']:.1f}%",
                   caption="±: sample std across seeds for a row of several seeds, else the std of the "
                           "evaluations in the run's window")
-    for col in ("method", "run", "Acc@t* (%)", "± is", "window", "final (%)", "end time (s)", "time to target (s)"):
+    for col in ("method", "run", f"{label} (%)", "± is", "window", "final (%)", "end time (s)", "time to target (s)"):
         table.add_column(col, justify="right" if col not in ("method", "run", "± is") else "left")
     for r in result["runs"]:
         n = r.get("n", 1)
@@ -254,6 +256,8 @@ def compare(
                                            "run (default: 10 x each run's evaluation interval)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="also write a comparison PNG"),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy or "
+                               "personal_worst10 (each client's own model on its own test split)"),
 ) -> None:
     """Compare runs: Acc@t* ± std, MRI of the first experiment, time-to-accuracy. Runs that
     differ only in the seed are one row (mean ± sample std across seeds). A missing or damaged run directory exits with code 3; an
@@ -267,7 +271,7 @@ def compare(
             check_plot_path(plot, "--plot")
         if t_star is None:
             t_star = summary_t_star(runs)
-        result = compare_runs(runs, t_star, target, span=window)
+        result = compare_runs(runs, t_star, target, span=window, metric=metric)
         if plot is not None:
             write_plot([(r["method"], read_run_metrics(r["run"], PLOT_FIELDS)) for r in result["runs"]], plot,
                        "--plot", t_star=t_star)
@@ -505,6 +509,8 @@ def table(
     value: str = typer.Option("acc", "--value", help="what cells show: acc (Acc@t*), final (final accuracy) or "
                               "time (virtual time at the run's end, e.g. for a fixed number of rounds)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table to this file"),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy or "
+                               "personal_worst10 (each client's own model on its own test split)"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.table import build_table, find_runs, read_run, render
@@ -519,7 +525,7 @@ def table(
         if unfinished:
             typer.echo(f"note: {len(unfinished)} unfinished run(s) left out: "
                        f"{', '.join(str(p) for p in unfinished[:3])}{' ...' if len(unfinished) > 3 else ''}", err=True)
-        runs = [read_run(p) for p in paths if p not in unfinished]
+        runs = [read_run(p, metric) for p in paths if p not in unfinished]
         result = build_table(runs, t_star, rows=[k.strip() for k in rows.split(",") if k.strip()],
                              cols=None if cols is None else [k.strip() for k in cols.split(",") if k.strip()],
                              target=target, span=window, mri_of=mri_of or None,

@@ -84,7 +84,25 @@ class DataConfig(_Section):
     alpha: float = Field(0.6, gt=0)
     val_fraction: float = Field(0.1, ge=0, lt=1)
     client_val_fraction: float = Field(0.0, ge=0, lt=1)
+    #: each client's own held-out *test* split, carved from its shard after
+    #: ``client_val_fraction`` (personalised evaluation: ``run.personal_eval_every``)
+    client_test_fraction: float = Field(0.0, ge=0, lt=1)
+    #: feature-shifted clients: client i's images (train, validation and test) under the
+    #: fixed transform ``feature_shift[i mod len]`` (fedgmr.data.shift.FEATURE_SHIFTS:
+    #: none, invert, rotate, noise, blur, low_contrast); the global test split cycles
+    #: through them sample by sample. Empty: no shift.
+    feature_shift: list[str] = Field(default_factory=list)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("feature_shift")
+    @classmethod
+    def _shifts(cls, v: list[str]) -> list[str]:
+        from fedgmr.data.shift import FEATURE_SHIFTS
+
+        unknown = [name for name in v if name not in FEATURE_SHIFTS]
+        if unknown:
+            raise ValueError(f"unknown feature shift {unknown[0]!r} (known: {', '.join(FEATURE_SHIFTS.names())})")
+        return v
 
 
 class ModelConfig(_Section):
@@ -124,6 +142,36 @@ class TrainingConfig(_Section):
     batch_size: int = Field(20, ge=1)
     local_steps: int = Field(5, ge=1)
     loss: Literal["ce", "bce"] = "ce"
+
+
+class LocalConfig(_Section):
+    """The client half of a method (fedgmr.training.client_methods; docs/methods/).
+
+    algorithm: ``sgd`` (masked local SGD), ``fedprox``, ``scaffold``, ``ditto`` or
+        ``fedbn`` (the registry ``CLIENT_METHODS``).
+    prox_mu: FedProx's mu (docs/methods/fedprox.md).
+    ditto_lambda: Ditto's lambda; personal_steps: its steps on the personal model per job
+        (null: ``training.local_steps``).
+    server_lr: SCAFFOLD's global step size eta_g.
+    stragglers: FedProx's straggler model, for every method: this fraction of jobs runs a
+        random number of local steps in [1, E) and is still aggregated.
+    """
+
+    algorithm: str = "sgd"
+    prox_mu: float = Field(0.01, ge=0)
+    ditto_lambda: float = Field(1.0, ge=0)
+    personal_steps: int | None = Field(None, ge=1)
+    server_lr: float = Field(1.0, gt=0)
+    stragglers: float = Field(0.0, ge=0, le=1)
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algorithm(cls, v: str) -> str:
+        from fedgmr.training.client_methods import CLIENT_METHODS
+
+        if v not in CLIENT_METHODS:
+            raise ValueError(f"unknown client algorithm {v!r} (known: {', '.join(CLIENT_METHODS.names())})")
+        return v
 
 
 class BaselineConfig(_Section):
@@ -345,6 +393,11 @@ class RunConfig(_Section):
     #: data.client_val_fraction > 0), logged as ``client_accuracy`` every that many test
     #: evaluations (null: off)
     client_eval_every: int | None = Field(None, ge=1)
+    #: personalised accuracy (each client's own model - the global one, or its personal
+    #: model for Ditto / FedBN - on its own test split; needs data.client_test_fraction >
+    #: 0), logged as ``personal_accuracy``, ``personal_std``, ``personal_worst10`` and the
+    #: per-client ``personal_accuracies`` every that many test evaluations (null: off)
+    personal_eval_every: int | None = Field(None, ge=1)
     #: experiment trackers fed every metrics record: tensorboard, mlflow, wandb
     #: (fedgmr.experiment.loggers; each needs its pip extra, e.g. fedgmr[tensorboard])
     loggers: list[str] = Field(default_factory=list)
@@ -411,6 +464,7 @@ class ExperimentConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
     submodel: SubmodelConfig = Field(default_factory=SubmodelConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     restoration: RestorationConfig = Field(default_factory=RestorationConfig)
@@ -426,6 +480,16 @@ class ExperimentConfig(_Section):
         if self.restoration.per_client_patience is not None and self.data.client_val_fraction <= 0:
             raise ValueError("restoration.per_client_patience needs data.client_val_fraction > 0 "
                              "(clients score their local model on their own validation split)")
+        if self.run.personal_eval_every is not None and self.data.client_test_fraction <= 0:
+            raise ValueError("run.personal_eval_every needs each client's own test split: set "
+                             "data.client_test_fraction > 0 (e.g. 0.2)")
+        if self.local.algorithm == "scaffold":
+            if self.training.momentum or self.training.weight_decay:
+                raise ValueError("local.algorithm 'scaffold' (option II) is invalid with momentum or weight decay: "
+                                 "set training.momentum and training.weight_decay to 0")
+            if self.coordination.mode != "sync":
+                raise ValueError("local.algorithm 'scaffold' is synchronous-only (a stale delta_c has no theory): "
+                                 "set coordination.mode: sync (e.g. method=fedgmr_wo_asyn)")
         n = self.clients.num_clients
         tiers = self.clients.heterogeneity
         if isinstance(tiers, list) and len(tiers) != n:

@@ -56,6 +56,25 @@ for _m in [
 ]:
     METHODS.register(_m.name, _m)
 
+# The data-heterogeneity methods (docs/methods/fedprox.md, scaffold.md, ditto.md, fedbn.md): FedAvg's server with
+# another client procedure (local.algorithm), and FedGMR with FedProx's proximal term.
+_FEDAVG = dict(METHODS.get("fedavg").fixed)
+for _m in [
+    Method("fedprox", "FedProx: FedAvg with the proximal term mu/2 ||w - w_start||^2 (local.prox_mu)",
+           {**_FEDAVG, "local.algorithm": "fedprox"}),
+    Method("fedgmr_prox", "FedGMR with FedProx's proximal term, masked (local.prox_mu)",
+           {"local.algorithm": "fedprox"}),
+    Method("scaffold", "SCAFFOLD (option II): control variates c, c_i correct client drift; synchronous",
+           {**{k: v for k, v in _FEDAVG.items() if k != "aggregation.weighting"}, "local.algorithm": "scaffold"},
+           # the paper's server step is the plain mean of the client changes
+           {"aggregation.weighting": "equal"}),
+    Method("ditto", "Ditto: FedAvg's global model plus a personal model v per client (local.ditto_lambda)",
+           {**_FEDAVG, "local.algorithm": "ditto"}),
+    Method("fedbn", "FedBN: FedAvg with BatchNorm parameters and statistics kept on each client",
+           {**_FEDAVG, "local.algorithm": "fedbn"}),
+]:
+    METHODS.register(_m.name, _m)
+
 # Model-heterogeneous baselines (docs/reference.md §7, docs/methods/): the original synchronous form, "+Aux" (the
 # semi-asynchronous buffered workflow with IMS where masks are nested) and "+Aux+GMR".
 _BASELINES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -156,7 +156,9 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
              "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "bytes_up": 1e4 * t, "bytes_down": 2e4 * t,
-             **({"levels": [0.2, 1.0], "level_accuracy": [0.4, 0.5], "client_accuracy": [0.5, None, 0.7]}
+             **({"levels": [0.2, 1.0], "level_accuracy": [0.4, 0.5], "client_accuracy": [0.5, None, 0.7],
+                 "personal_accuracy": 0.6, "personal_std": 0.1, "personal_worst10": 0.4,
+                 "personal_accuracies": [0.4, 0.6, 0.8]}
                 if t % 100 == 0 else {})}
             for t in range(0, 3001, 10)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -5,7 +5,7 @@ All functions are pure given a ``numpy.random.Generator`` (the *partition* strea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,12 +18,14 @@ class Partition:
 
     ``clients[i]`` are client ``i``'s training samples, ``client_val[i]`` its own
     validation samples (empty unless per-client validation was requested) and
-    ``server_val`` the held-out validation split that GMR monitors.
+    ``server_val`` the held-out validation split that GMR monitors; ``client_test[i]``
+    client ``i``'s own test split (personalised evaluation; empty unless requested).
     """
 
     clients: list[np.ndarray]
     client_val: list[np.ndarray]
     server_val: np.ndarray
+    client_test: list[np.ndarray] = field(default_factory=list)
 
 
 def split_validation(num_samples: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +75,7 @@ def dirichlet_partition(indices: np.ndarray, labels: np.ndarray, num_clients: in
 
 def make_partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.Generator,
                    alpha: float = 0.6, val_fraction: float = 0.1, client_val_fraction: float = 0.0,
-                   natural: list[np.ndarray] | None = None) -> Partition:
+                   natural: list[np.ndarray] | None = None, client_test_fraction: float = 0.0) -> Partition:
     """Carve the server validation split, then split the rest over clients.
 
     ``scheme`` is ``iid``, ``dirichlet`` or ``natural`` (``natural`` needs the data set's
@@ -120,4 +122,16 @@ def make_partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.ra
         clients = split_clients
     else:
         client_val = [np.zeros(0, dtype=np.int64) for _ in clients]
-    return Partition(clients=clients, client_val=client_val, server_val=server_val)
+    # after everything else, so that a run without client test splits draws as before
+    client_test: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in clients]
+    if client_test_fraction > 0:
+        split_clients = []
+        for i, shard in enumerate(clients):
+            keep, test = split_validation(len(shard), client_test_fraction, rng)
+            if len(keep) == 0:
+                raise ConfigError(f"data.client_test_fraction {client_test_fraction} leaves client {i} no training "
+                                  f"sample ({len(shard)} in its shard)")
+            split_clients.append(shard[keep])
+            client_test[i] = shard[test]
+        clients = split_clients
+    return Partition(clients=clients, client_val=client_val, server_val=server_val, client_test=client_test)

@@ -31,6 +31,7 @@ from fedgmr.sim.executors import make_process_executor, make_ray_executor
 from fedgmr.sim.network import Network, tier_densities
 from fedgmr.sim.simulator import ComputeModel, Coordination, Simulator
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.strategy.server_halves import server_half
 from fedgmr.training.evaluate import evaluate
 from fedgmr.training.local import TrainSettings
 
@@ -93,7 +94,8 @@ def _partition(cfg: ExperimentConfig, data: FederatedData, rng: np.random.Genera
     if labels.ndim != 1:
         labels = np.zeros(len(labels), dtype=np.int64)
     return make_partition(labels, cfg.clients.num_clients, cfg.data.partition, rng, cfg.data.alpha,
-                          cfg.data.val_fraction, cfg.data.client_val_fraction, data.natural_clients)
+                          cfg.data.val_fraction, cfg.data.client_val_fraction, data.natural_clients,
+                          cfg.data.client_test_fraction)
 
 
 def client_partition(cfg: ExperimentConfig, data: FederatedData) -> Partition:
@@ -108,13 +110,48 @@ def train_settings(cfg: ExperimentConfig, data: FederatedData) -> TrainSettings:
                          data.task, data.pad_index)
 
 
+@dataclass
+class ClientSplits:
+    """Each client's training, validation and test samples (feature-shifted when
+    ``data.feature_shift`` is set), and the shared splits the server evaluates on."""
+
+    train: list[tuple[torch.Tensor, torch.Tensor]]
+    val: list[tuple[torch.Tensor, torch.Tensor]]
+    test: list[tuple[torch.Tensor, torch.Tensor]]
+    global_test: tuple[torch.Tensor, torch.Tensor]
+    server_val: tuple[torch.Tensor, torch.Tensor]
+
+
+def client_splits(cfg: ExperimentConfig, data: FederatedData, partition: Partition) -> ClientSplits:
+    """The samples of every client and of the server, under the configured feature shift."""
+    x, y = data.train.x, data.train.y
+    parts = [[(x[idx], y[idx]) for idx in group]
+             for group in (partition.clients, partition.client_val,
+                           partition.client_test or [np.zeros(0, dtype=np.int64)] * len(partition.clients))]
+    val_idx = partition.server_val
+    out = ClientSplits(parts[0], parts[1], parts[2], (data.test.x, data.test.y), (x[val_idx], y[val_idx]))
+    shifts = cfg.data.feature_shift
+    if shifts:
+        from fedgmr.data.shift import shift_by_client, shift_cycling
+
+        lo, hi = float(x.min()), float(x.max())
+        for stream, split in enumerate((out.train, out.val, out.test)):
+            shifted = shift_by_client(shifts, [xi for xi, _ in split], lo, hi, cfg.seed, stream)
+            split[:] = [(xs, yi) for xs, (_, yi) in zip(shifted, split)]
+        out.global_test = (shift_cycling(shifts, data.test.x, lo, hi, cfg.seed, 3), data.test.y)
+        out.server_val = (shift_cycling(shifts, out.server_val[0], lo, hi, cfg.seed, 4), out.server_val[1])
+    return out
+
+
 def build_workload(cfg: ExperimentConfig, data: FederatedData, partition: Partition,
                    trainer: Any = None) -> ClientWorkload:
-    """The client side of a run: each client's data shards and one model to train on."""
-    x, y = data.train.x, data.train.y
-    return ClientWorkload(model_factory(cfg, data), [(x[idx], y[idx]) for idx in partition.clients],
-                          [(x[idx], y[idx]) for idx in partition.client_val], train_settings(cfg, data),
-                          trainer=trainer)
+    """The client side of a run: each client's data shards, one model to train on and the
+    configured client method (``local.algorithm``)."""
+    from fedgmr.training.client_methods import client_method
+
+    splits = client_splits(cfg, data, partition)
+    return ClientWorkload(model_factory(cfg, data), splits.train, splits.val, train_settings(cfg, data),
+                          trainer=trainer, client_method=None if trainer is not None else client_method(cfg.local))
 
 
 def wants_client_validation(cfg: ExperimentConfig) -> bool:
@@ -220,9 +257,19 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     rule = RULES.get(agg.rule)
     if baseline is not None and baseline.rule is not None:
         rule = baseline.rule
+    if baseline is not None and baseline.trainer is not None \
+            and (cfg.local.algorithm != "sgd" or cfg.local.stragglers > 0):
+        what = (f"local.algorithm {cfg.local.algorithm!r}" if cfg.local.algorithm != "sgd"
+                else "local.stragglers")
+        raise ConfigError(f"{what} needs FedGMR's masked local training; submodel.policy "
+                          f"{cfg.submodel.policy!r} trains with its own client procedure")
     strategy_cls = baseline.strategy_cls if baseline is not None else MaskedBufferedStrategy
-    x, y = data.train.x, data.train.y
+    x = data.train.x
     extra = dict(baseline.strategy_kwargs) if baseline is not None else {}
+    half_cls, half_kwargs = server_half(cfg, model, space)
+    if half_cls is not None:
+        strategy_cls = half_cls
+    extra.update(half_kwargs)
     if agg.bn_stats == "server" and "bn_stats" not in extra and get_buffers(model):
         if len(partition.server_val) == 0:
             raise ConfigError("aggregation.bn_stats 'server' needs a server validation split (data.val_fraction > 0)")
@@ -247,8 +294,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
 
     eval_model = factory().to(device)
-    val_x, val_y = x[partition.server_val], y[partition.server_val]
-    splits = {"test": (data.test.x, data.test.y), "val": (val_x, val_y)}
+    shared = client_splits(cfg, data, partition)
+    splits = {"test": shared.global_test, "val": shared.server_val}
 
     def evaluate_split(flat: torch.Tensor, bufs: dict[str, torch.Tensor], sx: torch.Tensor,
                        sy: torch.Tensor) -> tuple[float, float]:
@@ -262,13 +309,25 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
             raise ConfigError(f"the {split} split is empty (check data.val_fraction)")
         return evaluate_split(flat, bufs, sx, sy)
 
+    method = workload.client_method
+    sims: list[Simulator] = []  # the simulator, once it exists (its client states are read at each evaluation)
+
+    def personal_models(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> list[tuple[Any, Any]]:
+        """Each client's own model: the global one, or its personal model (Ditto, FedBN)."""
+        if method is None or not sims:
+            return [(flat, bufs)] * n
+        held = sims[0].client_states
+        return [method.personal_model(eval_model, space, flat, bufs, held.get(c, {})) for c in range(n)]
+
     diagnostics = Diagnostics(
         evaluate_test=lambda flat, bufs: evaluator(flat, bufs, "test")[0],
         level_masks=lambda: [strategy.policy.mask(level) for level in range(len(strategy.ladder.ladder))],
         levels=lambda: list(strategy.ladder.ladder),
-        client_splits=[(x[idx], y[idx]) for idx in partition.client_val] if cfg.run.client_eval_every else [],
+        client_splits=shared.val if cfg.run.client_eval_every else [],
         evaluate_split=evaluate_split,
-        level_every=cfg.run.level_eval_every, client_every=cfg.run.client_eval_every)
+        level_every=cfg.run.level_eval_every, client_every=cfg.run.client_eval_every,
+        personal_splits=shared.test if cfg.run.personal_eval_every else [],
+        personal_models=personal_models, personal_every=cfg.run.personal_eval_every)
 
     net = cfg.network
     network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,
@@ -296,4 +355,6 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     except BaseException:
         executor.close()
         raise
+    sims.append(sim)
+    diagnostics.personal_stamp = lambda: sim.client_state_epoch
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

@@ -8,6 +8,12 @@
 * ``client_accuracy``: the global model on each client's own held-out split
   (``data.client_val_fraction``), one value per client; its spread shows who the global
   model serves badly.
+* ``personal_accuracy`` / ``personal_std`` / ``personal_worst10`` (and the per-client
+  ``personal_accuracies``): every client's *own* model - the global model for a method
+  without personal state, Ditto's personal model, the global model with the client's own
+  BatchNorm layers for FedBN - on the client's own test split
+  (``data.client_test_fraction``): mean, population std and the mean of the worst 10 %
+  of clients. A metric of its own: never compare it with ``accuracy``.
 
 Both are pure evaluation: they never touch the strategy's state, so turning them on
 changes no other metric. Each is computed once per published model version.
@@ -19,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+
+from fedgmr.algorithm.local_rules import personal_summary
 
 #: ``evaluate(params, buffers, x, y)`` -> (accuracy, loss)
 SplitEvaluator = Callable[[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor], tuple[float, float]]
@@ -47,16 +55,23 @@ class Diagnostics:
     evaluate_split: SplitEvaluator
     level_every: int | None = None
     client_every: int | None = None
+    #: each client's test split, and ``personal_models(params, buffers)`` -> per client
+    #: (params, buffers) of its own model
+    personal_splits: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    personal_models: Callable[[torch.Tensor, dict[str, torch.Tensor]], list[tuple[Any, Any]]] | None = None
+    personal_every: int | None = None
+    #: changes whenever some client's state changed (personal models move without a new version)
+    personal_stamp: Callable[[], Any] = lambda: 0
     _cache: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def enabled(self) -> bool:
-        return self.level_every is not None or self.client_every is not None
+        return self.level_every is not None or self.client_every is not None or self.personal_every is not None
 
     def _due(self, every: int | None, index: int) -> bool:
         return every is not None and index % every == 0
 
-    def _cached(self, key: str, version: int, compute: Callable[[], Any]) -> Any:
+    def _cached(self, key: str, version: Any, compute: Callable[[], Any]) -> Any:
         hit = self._cache.get(key)
         if hit is None or hit[0] != version:
             hit = (version, compute())
@@ -75,7 +90,17 @@ class Diagnostics:
         if self._due(self.client_every, index):
             out["client_accuracy"] = self._cached("client", version, lambda: [
                 self.evaluate_split(params, buffers, x, y)[0] if len(y) else None for x, y in self.client_splits])
+        if self._due(self.personal_every, index) and self.personal_models is not None:
+            out.update(self._cached("personal", (version, self.personal_stamp()),
+                                    lambda: self._personal(params, buffers)))
         return out
+
+    def _personal(self, params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> dict[str, Any]:
+        assert self.personal_models is not None
+        models = self.personal_models(params, buffers)
+        accs = [self.evaluate_split(p, b, x, y)[0] if len(y) else None
+                for (p, b), (x, y) in zip(models, self.personal_splits)]
+        return {**personal_summary([a for a in accs if a is not None]), "personal_accuracies": accs}
 
 
 __all__ = ["Diagnostics", "masked_level_accuracy"]

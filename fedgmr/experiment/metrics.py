@@ -33,6 +33,25 @@ SUMMARY_KEYS = ("name", "method", "seed", "status", "runtime", "clock", "final_a
                 "steps", "final_avg_density", "restorations", "bytes_up", "bytes_down", "uploads", "downloads",
                 "rejected_updates", "wall_time_s", "evaluations", "eval_interval")
 
+#: the accuracies ``compare`` and ``table`` can compute Acc@t* of, one per table: the global
+#: model's test ``accuracy``, or the personalised metrics (``run.personal_eval_every``):
+#: the mean and the worst 10 % of each client's own model on its own test split
+ACCURACY_METRICS = ("accuracy", "personal_accuracy", "personal_worst10")
+
+
+def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path) -> tuple[list[float], list[float]]:
+    """(times, values) of ``metric`` over the records that carry it (a personalised metric
+    is logged at its own cadence); a one-line error when none does."""
+    if metric not in ACCURACY_METRICS:
+        raise ConfigError(f"invalid value for '--metric': must be one of {', '.join(ACCURACY_METRICS)} "
+                          f"(got {metric!r})")
+    pairs = [(float(r["time"]), float(r[metric])) for r in rows if finite_number(r.get(metric))]
+    if not pairs:
+        raise RunDirError(f"{where}: no record holds {metric!r} (personalised metrics need run.personal_eval_every "
+                          f"and data.client_test_fraction > 0)")
+    return [t for t, _ in pairs], [a for _, a in pairs]
+
+
 #: the record fields ``compare`` needs; ``plot`` also needs ``avg_density``
 COMPARE_FIELDS = ("time", "accuracy")
 PLOT_FIELDS = ("time", "accuracy", "avg_density")
@@ -277,7 +296,7 @@ def _seed_of(run_dir: str | Path) -> Any:
 
 
 def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | None = None,
-                 span: float | None = None) -> dict[str, Any]:
+                 span: float | None = None, metric: str = "accuracy") -> dict[str, Any]:
     """Acc@t* per experiment, MRI of the first over the others, time-to-accuracy.
 
     Runs that differ only in their seed (and in how they were executed) are one row: its
@@ -288,7 +307,9 @@ def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | 
     Each run's Acc@t* window is ``t* ± 10Δ`` with Δ its evaluation grid step (the index
     window for step-cadence runs), or ``t* ± span`` seconds for every run when ``span`` is
     given. ``target`` defaults to 90 % of the lowest best accuracy among the runs, so
-    every run reaches it.
+    every run reaches it. ``metric`` (one of :data:`ACCURACY_METRICS`) is the accuracy
+    every figure is computed from, the same for every run: global and personalised
+    accuracy are never mixed.
     """
     if not run_dirs:
         raise ConfigError("give at least one run directory")
@@ -300,9 +321,7 @@ def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | 
         raise ConfigError(f"invalid value for '--target': must be an accuracy in (0, 1] (got {target})")
     runs = []
     for d in run_dirs:
-        rows = read_run_metrics(d)
-        times = [r["time"] for r in rows]
-        accs = [r["accuracy"] for r in rows]
+        times, accs = metric_series(read_run_metrics(d), metric, Path(d) / "metrics.jsonl")
         runs.append({"dir": str(d), "method": run_label(d), "times": times, "accs": accs,
                      "final_accuracy": accs[-1], "end_time": times[-1], "interval": run_eval_interval(d),
                      "identity": experiment_identity(d), "seed": _seed_of(d)})
@@ -343,5 +362,5 @@ def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | 
         note = f"undefined: Acc@t* of {', '.join(zero)} is 0 (no relative improvement over 0)"
     else:
         value = mri(first, others)
-    return {"t_star": t_star, "target": target, "runs": table, "mri": value, "mri_note": note,
+    return {"t_star": t_star, "target": target, "metric": metric, "runs": table, "mri": value, "mri_note": note,
             "mri_of": table[0]["method"], "over": [row["method"] for row in table[1:]]}

@@ -20,7 +20,8 @@ import numpy as np
 import yaml
 
 from fedgmr.errors import ConfigError, FedGMRError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, flatten_config, mri, read_run_metrics,
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, finite_number, flatten_config, metric_series,
+                                      mri, read_run_metrics,
                                       run_clock, run_eval_interval, time_to_accuracy)
 
 #: the paper's six baselines: the default set an MRI row is computed over
@@ -48,6 +49,7 @@ class RunData:
     bytes_up: list[float]
     bytes_down: list[float]
     interval: float | None
+    metric: str = "accuracy"  # what ``accs`` holds (metrics.ACCURACY_METRICS)
 
     @property
     def seed(self) -> Any:
@@ -89,8 +91,9 @@ def _sweep_rank(root: Path) -> Any:
     return lambda p: (order.get(str(p.relative_to(root)), len(order)), str(p))
 
 
-def read_run(path: Path) -> RunData:
-    """A run's config and its evaluation series; one-line errors for a damaged run."""
+def read_run(path: Path, metric: str = "accuracy") -> RunData:
+    """A run's config and its evaluation series of ``metric`` (the global test accuracy,
+    or a personalised one); one-line errors for a damaged run."""
     try:
         config = yaml.safe_load((path / "config.yaml").read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -98,14 +101,15 @@ def read_run(path: Path) -> RunData:
     if not isinstance(config, dict):
         raise FedGMRError(f"{path / 'config.yaml'} is not a fedgmr config")
     rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
-    times = [float(r["time"]) for r in rows]
-    accs = [float(r["accuracy"]) for r in rows]
+    times, accs = metric_series(rows, metric, path / "metrics.jsonl")
+    if metric != "accuracy":  # bytes at the records that carry the metric
+        rows = [r for r in rows if finite_number(r.get(metric))]
     interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
     flat = flatten_config(config)
     # a Flower run's times are wall-clock seconds: never one cell with a simulation's
     flat["clock"] = run_clock(path)
     return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
-                   [float(r.get("bytes_down", math.nan)) for r in rows], interval)
+                   [float(r.get("bytes_down", math.nan)) for r in rows], interval, metric)
 
 
 def _resolve_key(name: str, keys: Iterable[str]) -> str:
@@ -148,6 +152,7 @@ class Table:
     mri: dict[tuple, float]
     target: float | None
     value: Value = "acc"
+    metric: str = "accuracy"
 
     @property
     def seeds_per_cell(self) -> int:
@@ -163,6 +168,9 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
     ``value`` (Acc@t*, the final accuracy, or the end time)."""
     if not runs:
         raise FedGMRError("no runs to tabulate")
+    metrics = sorted({r.metric for r in runs})
+    if len(metrics) > 1:  # global and personalised accuracy never share a table
+        raise FedGMRError(f"runs read for different metrics ({', '.join(metrics)}): one table shows one")
     keys = sorted({k for r in runs for k in r.config})
     varying = [k for k in keys if k not in EXECUTION_KEYS
                and len({_hashable(r.config.get(k)) for r in runs}) > 1]
@@ -235,7 +243,7 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
                 and not any(math.isnan(x) or x <= 0 for x in base) and not math.isnan(mine["mean"])
             mri_row[c] = mri(mine["mean"], base) if ok else math.nan  # type: ignore[index]
     return Table(t_star, row_keys, col_keys, row_vals, col_vals, cells, mri_of if over else None, over, mri_row,
-                 target, value)
+                 target, value, metrics[0])
 
 
 # ---------------------------------------------------------------------- rendering
@@ -313,6 +321,8 @@ def caption(table: Table) -> str:
     """What the numbers are, in one paragraph."""
     n = table.seeds_per_cell
     title = _VALUE_TITLES[table.value].format(t=table.t_star)
+    if table.metric != "accuracy" and table.value != "time":
+        title = f"{table.metric}: {title}"
     text = (f"{title}: mean ± sample std (ddof = 1) across seeds of each seed's value, "
             f"{n} seed{'s' if n != 1 else ''} per cell")
     text += " (no ± with one seed)." if n == 1 else "."

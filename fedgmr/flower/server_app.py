@@ -40,6 +40,18 @@ def _num(run_config: Mapping[str, Any], key: str, default: float | None) -> floa
     return default if v is None or v == "" else float(v)
 
 
+def refuse_client_state(cfg: Any) -> None:
+    """Client methods that keep state between jobs or exchange vectors beside the model
+    (SCAFFOLD, Ditto, FedBN) need the simulator's client-state store: not on Flower yet."""
+    from fedgmr.errors import ConfigError
+    from fedgmr.training.client_methods import client_method
+
+    method = client_method(cfg.local)
+    if method.stateful or method.needs_extras or method.returns_extras:
+        raise ConfigError(f"local.algorithm {cfg.local.algorithm!r} keeps client state between jobs, which the "
+                          f"Flower runtime does not carry yet; run it in the simulator (fedgmr run)")
+
+
 def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Run FedGMR's buffered loop over ``link``; returns the summary."""
     from fedgmr.config import dump_config
@@ -64,6 +76,7 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         pkg_log.setLevel(logging.INFO)
     try:
         cfg = load_run_config(run_config)
+        refuse_client_state(cfg)
         exp = build_experiment(cfg)
         exp.executor.close()
         bound_influence(exp.strategy, [len(idx) for idx in exp.partition.clients], run_config)

@@ -7,8 +7,8 @@ implement the same two methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -32,14 +32,23 @@ class TrainJob:
     mask: torch.Tensor | None  # None = full model
     kind: str = "model"  # reply with trained weights ("model") or their change ("delta")
     validate: bool = False
+    #: the coordinates the reply carries (None: ``mask``); FedBN leaves BatchNorm out
+    upload_mask: torch.Tensor | None = None
+    #: full-length vectors the server sends beside the model (SCAFFOLD's ``c``)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the client's state from its previous job (empty: none yet, or a stateless method)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def to(self, device: torch.device | str) -> "TrainJob":
         """The job with its tensors on ``device`` (itself when they are there already)."""
         start, buffers = self.start.to(device), to_device(self.buffers, device)
         mask = None if self.mask is None else self.mask.to(device)
-        if start is self.start and buffers is self.buffers and mask is self.mask:
+        up = None if self.upload_mask is None else self.upload_mask.to(device)
+        extras, state = to_device(self.extras, device), to_device(self.state, device)
+        if start is self.start and buffers is self.buffers and mask is self.mask and up is self.upload_mask \
+                and extras is self.extras and state is self.state:
             return self
-        return replace(self, start=start, buffers=buffers, mask=mask)
+        return replace(self, start=start, buffers=buffers, mask=mask, upload_mask=up, extras=extras, state=state)
 
 
 @dataclass
@@ -54,13 +63,19 @@ class JobResult:
     loss: float
     val_score: float | None
     num_processed: int | None = None  # samples processed by the local steps
+    #: the client's new state (None: a stateless method; the simulator keeps it for the next job)
+    state: dict[str, torch.Tensor] | None = None
+    #: vectors sent back beside the values, at the same coordinates (SCAFFOLD's ``delta_c``)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def to(self, device: torch.device | str) -> "JobResult":
         """The result with its tensors on ``device`` (the CPU before it leaves a worker)."""
         values, buffers = self.values.to(device), to_device(self.buffers, device)
-        if values is self.values and buffers is self.buffers:
+        state = None if self.state is None else to_device(self.state, device)
+        extras = to_device(self.extras, device)
+        if values is self.values and buffers is self.buffers and state is self.state and extras is self.extras:
             return self
-        return replace(self, values=values, buffers=buffers)
+        return replace(self, values=values, buffers=buffers, state=state, extras=extras)
 
 
 class ClientTrainer(Protocol):
@@ -82,11 +97,13 @@ class ClientWorkload:
 
     def __init__(self, model_factory: Callable[[], nn.Module], client_data: list[tuple[torch.Tensor, torch.Tensor]],
                  client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
-                 trainer: "ClientTrainer | None" = None) -> None:
+                 trainer: "ClientTrainer | None" = None, client_method: Any = None) -> None:
         self.device = torch.device("cpu")
         self.model = model_factory()
         #: a method's own client procedure (baselines); None = masked local training
         self.trainer = trainer
+        #: the client half of a method (fedgmr.training.client_methods; None: masked local SGD)
+        self.client_method = client_method
         self.space = ParamSpace(self.model)
         self.client_data = client_data
         self.client_val = client_val
@@ -105,19 +122,29 @@ class ClientWorkload:
         job = job.to(getattr(self, "device", "cpu"))
         x, y = self.client_data[job.client_id]
         val = self.client_val[job.client_id] if job.validate else None
+        state: dict[str, torch.Tensor] | None = None
+        extras: dict[str, torch.Tensor] = {}
+        buffers_sent: tuple[str, ...] | None = None
+        method = getattr(self, "client_method", None)
         if getattr(self, "trainer", None) is not None:
             out = self.trainer(self, job, x, y, val)
+        elif method is not None:
+            res = method.train(self, job, x, y, val)
+            out, state, extras, buffers_sent = res.outcome, res.state, res.extras, res.send_buffers
         else:
             out = masked_local_training(self.model, self.space, job.start, job.buffers, job.mask, x, y,
                                         self.settings, job.seed, val, self.optimizer)
-        if job.mask is None:
+        up = job.upload_mask if job.upload_mask is not None else job.mask
+        if up is None:
             values = out.params - job.start if job.kind == "delta" else out.params
         else:
-            values = gather(out.params, job.mask)
+            values = gather(out.params, up)
             if job.kind == "delta":
-                values = values - gather(job.start, job.mask)
-        return JobResult(job.client_id, job.version, values, out.buffers, out.num_samples,
-                         out.loss, out.val_score, out.num_processed)
+                values = values - gather(job.start, up)
+        sent = {k: v if up is None else gather(v, up) for k, v in extras.items()}
+        buffers = out.buffers if buffers_sent is None else {k: out.buffers[k] for k in buffers_sent}
+        return JobResult(job.client_id, job.version, values, buffers, out.num_samples,
+                         out.loss, out.val_score, out.num_processed, state, sent)
 
 
 class JobHandle(Protocol):

@@ -327,7 +327,8 @@ class RayExecutor:
         start, buffers = self._put(job.start), self._put(job.buffers)
         mask = None if job.mask is None else self._put(job.mask)
         i = self._least_busy()
-        light = replace(job, start=torch.empty(0), buffers={}, mask=None)
+        # the rest (upload mask, extras, client state) travels inside the job, from the CPU
+        light = replace(job, start=torch.empty(0), buffers={}, mask=None).to("cpu")
         ref = self.actors[i].run.remote(light, start, buffers, mask)
         self._pending[i].append(ref)
         return _RayHandle(self._ray, ref)

@@ -172,6 +172,11 @@ class Simulator:
         self.records = 0
         self.started = False
         self.rejected_streak = 0  # client replies rejected since the last accepted one
+        #: what each client keeps between its jobs (SCAFFOLD's c_i, Ditto's v, FedBN's
+        #: BatchNorm): opaque tensors the client method defines, updated when a reply
+        #: arrives, handed to the client's next job, saved in checkpoints
+        self.client_states: dict[int, dict[str, torch.Tensor]] = {}
+        self.client_state_epoch = 0  # bumped whenever some client's state changes
         self.stalled = False  # the last run() ended with no event left: every client idle
         self._last_eval_step = -1
         self.last_step_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
@@ -212,15 +217,18 @@ class Simulator:
         # mask code when some receiver's mask changed); else one payload per client
         blocks: list[list[int]] = []
         block_bytes: list[float] = []
+        # vectors sent beside the model (SCAFFOLD's c) travel on the same coordinates
+        vectors = 1 + max((len(a.extras) for a in assignments), default=0)
         if self.coord.ims and self.strategy.policy.nested:
             incs = self.strategy.policy.increments()
             top_changed = max((a.level for a in assignments if a.mask_changed), default=-1)
-            block_bytes = [self._payload(mask_count(b), b if i <= top_changed else None) for i, b in enumerate(incs)]
+            block_bytes = [self._payload(vectors * mask_count(b), b if i <= top_changed else None)
+                           for i, b in enumerate(incs)]
             blocks = [list(range(a.level + 1)) for a in assignments]
         else:
             for a in assignments:
                 blocks.append([len(block_bytes)])
-                block_bytes.append(self._payload(mask_count(a.mask), a.mask if a.mask_changed else None))
+                block_bytes.append(self._payload(vectors * mask_count(a.mask), a.mask if a.mask_changed else None))
         self.bytes_down += sum(block_bytes[b] for b in sorted({b for bl in blocks for b in bl}))
         self.downloads += len(assignments)
         finish = self.network.download_wave(self.now, clients, blocks, block_bytes)
@@ -228,10 +236,12 @@ class Simulator:
             c = a.client_id
             full_mask = mask_count(a.mask) == a.mask.numel()
             job = TrainJob(c, a.version, job_seed(self.seed, c, self.dispatches[c]), start, buffers,
-                           None if full_mask else a.mask, a.consumes, self.client_validation)
+                           None if full_mask else a.mask, a.consumes, self.client_validation, a.upload_mask,
+                           dict(a.extras), self.client_states.get(c, {}))
             self.dispatches[c] += 1
             handle = self.executor.submit(job)
-            up_bytes = self._payload(mask_count(a.mask))  # values only: the server knows the mask
+            # values only (the server knows the mask), and any vectors the reply carries beside them
+            up_bytes = self._payload((1 + len(a.reply_extras)) * mask_count(a.reply_mask))
             train_done = finish[c] + self.compute.time(c, None if full_mask else a.mask)
             self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, a.density)
             self._push(train_done, "upload", c)
@@ -285,7 +295,10 @@ class Simulator:
         self.bytes_up += f.up_bytes
         self.uploads += 1
         reply = Reply(c, res.version, res.values, res.num_samples, res.buffers,
-                      self.strategy.rule.consumes, None, res.loss, res.val_score, res.num_processed)
+                      self.strategy.rule.consumes, None, res.loss, res.val_score, res.num_processed, dict(res.extras))
+        if res.state is not None:  # the client's own: kept whether or not the server accepts the reply
+            self.client_states[c] = res.state
+            self.client_state_epoch += 1
         self._maybe_arm_deadline(c, f.density)
         accepted = self.strategy.receive(reply)
         self.rejected_streak = 0 if accepted else self.rejected_streak + 1
@@ -473,9 +486,15 @@ class Simulator:
             r = f.handle.result()
             tensors[f"flight/{c}/values"] = r.values
             tensors.update({f"flight/{c}/buf/{k}": v for k, v in r.buffers.items()})
+            tensors.update({f"flight/{c}/extra/{k}": v for k, v in r.extras.items()})
+            if r.state is not None:
+                tensors.update({f"flight/{c}/state/{k}": v for k, v in r.state.items()})
             flights.append({"client": c, "version": f.version, "up_bytes": f.up_bytes, "density": f.density,
                             "num_samples": r.num_samples, "num_processed": r.num_processed,
-                            "loss": r.loss, "val_score": r.val_score})
+                            "loss": r.loss, "val_score": r.val_score, "buffers": sorted(r.buffers),
+                            "extras": sorted(r.extras), "state": None if r.state is None else sorted(r.state)})
+        for c, st in sorted(self.client_states.items()):
+            tensors.update({f"client/{c}/{k}": v for k, v in st.items()})
         state = {
             "now": self.now, "seq": self._seq, "events": [[e.time, e.seq, e.kind, e.client, e.data] for e in self.events],
             "flights": flights, "dispatches": self.dispatches, "bytes_up": self.bytes_up,
@@ -486,6 +505,8 @@ class Simulator:
             "since_record": self._since_record, "wave": sorted(self.wave), "records": self.records,
             "started": self.started, "last_eval_step": self._last_eval_step, "last_step_stats": self.last_step_stats,
             "rejected_streak": self.rejected_streak,
+            "client_states": {str(c): sorted(st) for c, st in sorted(self.client_states.items())},
+            "client_state_epoch": self.client_state_epoch,
             "network": self.network.state_dict(), "rng": self.rng.bit_generator.state,
         }
         return state, tensors
@@ -501,11 +522,16 @@ class Simulator:
         buf_names = list(self.strategy.buffers)
         for f in state["flights"]:
             c = int(f["client"])
+            names = f.get("buffers", buf_names)  # a reply may leave buffers out (FedBN)
+            state_names = f.get("state")
             res = JobResult(c, int(f["version"]), tensors[f"flight/{c}/values"].clone(),
-                            {k: tensors[f"flight/{c}/buf/{k}"].clone() for k in buf_names},
+                            {k: tensors[f"flight/{c}/buf/{k}"].clone() for k in names},
                             int(f["num_samples"]), float(f["loss"]),
                             None if f["val_score"] is None else float(f["val_score"]),
-                            None if f["num_processed"] is None else int(f["num_processed"]))
+                            None if f["num_processed"] is None else int(f["num_processed"]),
+                            None if state_names is None else {k: tensors[f"flight/{c}/state/{k}"].clone()
+                                                              for k in state_names},
+                            {k: tensors[f"flight/{c}/extra/{k}"].clone() for k in f.get("extras", [])})
             self.in_flight[c] = _InFlight(c, int(f["version"]), DoneHandle(res), float(f["up_bytes"]),
                                           float(f["density"]))
         self.dispatches = [int(v) for v in state["dispatches"]]
@@ -527,6 +553,9 @@ class Simulator:
         self._last_eval_step = int(state["last_eval_step"])
         self.last_step_stats = dict(state["last_step_stats"])
         self.rejected_streak = int(state.get("rejected_streak", 0))
+        self.client_states = {int(c): {k: tensors[f"client/{c}/{k}"].clone() for k in names}
+                              for c, names in state.get("client_states", {}).items()}
+        self.client_state_epoch = int(state.get("client_state_epoch", 0))
         self.network.load_state_dict(state["network"])
         self.rng.bit_generator.state = state["rng"]
         # checkpoints are written right after a step finished: the strategy's model is published

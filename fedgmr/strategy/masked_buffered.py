@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fedgmr.algorithm.aggregation import AggregationRule, average_buffers, coverage_counts
-from fedgmr.algorithm.maskinfo import mask_count
+from fedgmr.algorithm.maskinfo import frozen, mask_count, memo
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
@@ -114,7 +114,7 @@ class MaskedBufferedStrategy:
                  bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
                  client_samples: Sequence[int] | None = None, max_samples: int | None = None,
                  max_processed: int | None = None, max_update_norm: float | None = None,
-                 norm_multiple: float | None = None) -> None:
+                 norm_multiple: float | None = None, local_coords: torch.Tensor | None = None) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
         if bn_rule not in BN_RULES:
@@ -174,6 +174,9 @@ class MaskedBufferedStrategy:
         self._sent: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
         if bn_stats is not None:
             self.buffers = bn_stats(self.params)
+        #: coordinates that stay on the clients (FedBN's BatchNorm layers): never uploaded,
+        #: never aggregated; the global values there stay as they are
+        self.local_coords = None if local_coords is None else local_coords.to(self.device, torch.bool)
 
     # ------------------------------------------------------------------ dispatch
     @property
@@ -186,12 +189,25 @@ class MaskedBufferedStrategy:
         mask = self.policy.mask(level)
         held = self._held.get(client_id)
         changed = held is None or (held is not mask and not torch.equal(held, mask))
-        a = Assignment(client_id, self.version, level, self.ladder.ladder[level], mask, self.rule.consumes,
-                       changed)
+        a = self._assignment(client_id, self.version, level, self.ladder.ladder[level], mask, changed)
         self._outstanding[client_id] = a
         self._held[client_id] = mask
         self._sent[client_id] = (self.params, self.buffers)
         return a
+
+    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
+                    changed: bool) -> Assignment:
+        """An assignment (also rebuilt for outstanding jobs when a checkpoint is loaded)."""
+        return Assignment(client_id, version, level, density, mask, self.rule.consumes, changed,
+                          self.upload_mask(mask))
+
+    def upload_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """The coordinates a client with ``mask`` uploads (None: all of ``mask``); one
+        tensor per mask object, so level masks keep sharing their cached facts."""
+        if self.local_coords is None:
+            return None
+        local = self.local_coords
+        return memo(mask, ("upload", id(local)), lambda: frozen(mask & ~local))
 
     @property
     def median_update_norm(self) -> float | None:
@@ -242,13 +258,13 @@ class MaskedBufferedStrategy:
             raise InvalidUpdateError(f"model version {reply.version} does not match the dispatched {a.version}")
         if reply.kind != a.consumes:
             raise InvalidUpdateError(f"expected a {a.consumes} update, got {reply.kind}")
-        mask = a.mask
+        mask = a.reply_mask
         if reply.mask is not None:
             if not isinstance(reply.mask, torch.Tensor) or reply.mask.dtype != torch.bool \
                     or reply.mask.shape != a.mask.shape:
                 raise InvalidUpdateError(f"a reported mask must be a bool tensor of shape {tuple(a.mask.shape)}")
             reported = reply.mask.to(self.device)
-            outside = reported & ~a.mask
+            outside = reported & ~a.reply_mask
             if bool(outside.any()):
                 raise InvalidUpdateError(f"{int(outside.sum())} coordinates outside the client's mask")
             mask = reported
@@ -399,7 +415,7 @@ class MaskedBufferedStrategy:
             updates = [(e.mask, e.values) for e in used]
             # rules return a new tensor: params are replaced, never mutated in place, so
             # in-flight jobs may share the old vector without copying it
-            new_params = self.rule(self.params, updates, weights)
+            new_params = self._server_step(self.params, self.rule(self.params, updates, weights))
             new_buffers = self._fold_buffers(used, weights) if self.bn_stats is None else self.buffers
             if self._finite(new_params, new_buffers):
                 self.params, self.buffers = new_params, new_buffers
@@ -425,6 +441,11 @@ class MaskedBufferedStrategy:
             for c in consumed:
                 self._pending.pop(c, None)
         return report
+
+    def _server_step(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The new global model from the rule's result (a subclass may scale the step,
+        e.g. SCAFFOLD's server learning rate); returns a new tensor."""
+        return new
 
     @staticmethod
     def _finite(params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> bool:
@@ -569,8 +590,8 @@ class MaskedBufferedStrategy:
                        int(item["num_processed"]), float(item["density"]))
             (self._buffer if item["where"] == "b" else self._pending)[e.client_id] = e
         self._outstanding = {
-            int(o["client"]): Assignment(int(o["client"]), int(o["version"]), int(o["level"]), float(o["density"]),
-                                         masks[int(o["mask"])], self.rule.consumes, bool(o["mask_changed"]))
+            int(o["client"]): self._assignment(int(o["client"]), int(o["version"]), int(o["level"]),
+                                               float(o["density"]), masks[int(o["mask"])], bool(o["mask_changed"]))
             for o in state["outstanding"]
         }
         self._held = {int(c): masks[int(k)] for c, k in state["held"].items()}

@@ -21,6 +21,18 @@ class Assignment:
     #: the mask differs from the one the client last held (first contact, restoration,
     #: refresh): the download must carry it; otherwise only values travel
     mask_changed: bool = True
+    #: the coordinates the reply must carry (None: ``mask``); FedBN keeps BatchNorm local
+    upload_mask: torch.Tensor | None = None
+    #: full-length vectors sent beside the model, each counted on the wire at the mask
+    #: (SCAFFOLD's server control variate ``c``)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: names of the vectors the reply must carry beside its values, at the same coordinates
+    reply_extras: tuple[str, ...] = ()
+
+    @property
+    def reply_mask(self) -> torch.Tensor:
+        """The coordinates of the reply's values."""
+        return self.mask if self.upload_mask is None else self.upload_mask
 
 
 @dataclass
@@ -47,6 +59,8 @@ class Reply:
     loss: float = float("nan")
     val_score: float | None = None
     num_processed: int | None = None
+    #: vectors beside ``values``, at the same coordinates (SCAFFOLD's ``delta_c``)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -9,11 +9,12 @@ weight-decay term and a zero momentum buffer). Buffers are trained normally, nev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
 
+from fedgmr.algorithm.local_rules import proximal_gradient
 from fedgmr.algorithm.maskinfo import memo
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.device import module_device
@@ -70,6 +71,22 @@ class TrainSettings:
     pad_index: int | None = None
 
 
+@dataclass(frozen=True)
+class LocalTerms:
+    """Extra terms of the local objective's gradient, applied on the mask only
+    (:mod:`fedgmr.algorithm.local_rules`).
+
+    prox_mu, prox_anchor: ``mu/2 ||(w - anchor) * m||^2`` (FedProx: anchor = the model
+        received, ``W * m``; Ditto's personal model: anchor = the global model). ``None``
+        anchors at the start vector ``start * m``.
+    correction: a flat vector added to every gradient on the mask (SCAFFOLD: ``c - c_i``).
+    """
+
+    prox_mu: float = 0.0
+    prox_anchor: torch.Tensor | None = None
+    correction: torch.Tensor | None = None
+
+
 @dataclass
 class TrainOutcome:
     """What local training produced."""
@@ -80,13 +97,15 @@ class TrainOutcome:
     num_samples: int  # the client's training-set size (FedAvg's n_k)
     val_score: float | None = None
     num_processed: int | None = None  # samples the local steps went through
+    steps: int | None = None  # local steps actually taken (a straggler takes fewer)
 
 
 def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tensor,
                           buffers: dict[str, torch.Tensor], mask: torch.Tensor | None,
                           x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, seed: int,
                           val: tuple[torch.Tensor, torch.Tensor] | None = None,
-                          optimizer: torch.optim.SGD | None = None) -> TrainOutcome:
+                          optimizer: torch.optim.SGD | None = None, terms: LocalTerms | None = None,
+                          steps: int | None = None) -> TrainOutcome:
     """Train ``model`` from ``start * mask`` on ``(x, y)``; deterministic for ``seed``.
 
     ``mask=None`` trains the full model. Pass ``optimizer`` (an SGD over ``model``'s
@@ -95,6 +114,9 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
 
     Training runs on the model's device: ``start``, ``buffers`` and ``mask`` must be
     there too; the data may live anywhere (each batch moves to the model's device).
+
+    ``terms`` adds a proximal pull and/or a constant correction to every gradient, on the
+    mask only; ``steps`` overrides ``settings.local_steps`` (a straggler's partial work).
     """
     if len(y) == 0:
         raise ValueError("cannot train on an empty client data set")
@@ -110,6 +132,8 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
                 torch.mul(src, m, out=params[info.name].data)
     set_buffers(model, buffers)
     grad_masks = [(params[name], m) for name, m in plan.items()]
+    extra = _term_plan(space, params, plan, start, terms)
+    num_steps = settings.local_steps if steps is None else int(steps)
     if optimizer is None:
         opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                               weight_decay=settings.weight_decay)
@@ -123,7 +147,7 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     model.train()
     device = module_device(model)
     total_loss = torch.zeros((), device=device)
-    for _ in range(settings.local_steps):
+    for _ in range(num_steps):
         idx = batches.next()
         opt.zero_grad(set_to_none=True)
         loss = task_loss(model(x[idx].to(device)), y[idx].to(device), settings.task, settings.loss,
@@ -132,6 +156,15 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         for p, m in grad_masks:
             if p.grad is not None:  # a layer outside this forward pass has no gradient
                 p.grad.mul_(m)
+        for p, m, anchor, corr, mu in extra:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            g = p.grad
+            if mu:
+                g = proximal_gradient(g, p.detach(), anchor, mu, m)
+            if corr is not None:  # SCAFFOLD: g - c_i + c, the correction c - c_i given whole
+                g = g + corr if m is None else (g + corr) * m
+            p.grad = g
         opt.step()
         total_loss += loss.detach()
     # pruned coordinates are still exactly 0.0: zero weight, zero (masked) gradient, so
@@ -140,5 +173,22 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     val_score = None
     if val is not None and len(val[1]) > 0:
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
-    return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(settings.local_steps, 1),
-                        len(y), val_score, settings.local_steps * batches.bs)
+    return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(num_steps, 1),
+                        len(y), val_score, num_steps * batches.bs, num_steps)
+
+
+def _term_plan(space: ParamSpace, params: dict[str, nn.Parameter], plan: dict[str, torch.Tensor],
+               start: torch.Tensor, terms: LocalTerms | None) -> list[tuple[Any, ...]]:
+    """Per parameter: (param, float mask or None, prox anchor view, correction view, mu)."""
+    if terms is None or (not terms.prox_mu and terms.correction is None):
+        return []
+    anchor = start if terms.prox_anchor is None else terms.prox_anchor
+    out = []
+    for info in space.params:
+        m = plan.get(info.name)
+        a = anchor[info.slice].view(info.shape)
+        if m is not None:
+            a = a * m  # the client received W * m: the pull never reaches pruned coordinates
+        corr = None if terms.correction is None else terms.correction[info.slice].view(info.shape)
+        out.append((params[info.name], m, a, corr, float(terms.prox_mu)))
+    return out

@@ -1,0 +1,246 @@
+"""Client procedures of the data-heterogeneity methods, by name (``local.algorithm``).
+
+A client method is the client half of a method: what one job trains, what the client
+keeps between its jobs (its *state*: SCAFFOLD's ``c_i``, Ditto's personal model ``v``,
+FedBN's BatchNorm layers) and which model the client would use itself (its *personal
+model*, scored by personalised evaluation). It knows nothing about the runtime: the
+simulator keeps each client's state and hands it to the job, whichever executor runs it,
+and takes the new state back from the result; a checkpoint stores it (safetensors).
+
+Every method trains with FedGMR's masked local SGD (:func:`masked_local_training`), so a
+pruned coordinate stays exactly zero; the extra terms are masked too
+(:mod:`fedgmr.algorithm.local_rules`). Register your own::
+
+    from fedgmr.training.client_methods import CLIENT_METHODS
+    CLIENT_METHODS.register("mine", lambda local: MyClient(...))
+
+State is a flat ``dict[str, Tensor]``; a method whose state is empty is stateless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Protocol
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from fedgmr.algorithm.local_rules import (batch_norm_coordinates, scaffold_control_update, seed_new_coordinates,
+                                          straggler_steps)
+from fedgmr.algorithm.params import ParamSpace
+from fedgmr.registry import Registry
+from fedgmr.training.local import LocalTerms, TrainOutcome, masked_local_training
+
+
+@dataclass
+class ClientResult:
+    """What a client method's job produced, before the workload compacts it.
+
+    outcome: the trained model (full flat vector, zero off the mask).
+    state: the client's new state (None: it keeps none).
+    extras: full-length vectors sent back beside the values, at the upload mask
+        (SCAFFOLD's ``delta_c``).
+    send_buffers: names of the buffers uploaded (None: all of them).
+    """
+
+    outcome: TrainOutcome
+    state: dict[str, torch.Tensor] | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    send_buffers: tuple[str, ...] | None = None
+
+
+class ClientMethod(Protocol):
+    """The client half of a method. Must be picklable (it travels to worker processes)."""
+
+    #: whether the client keeps state between jobs
+    stateful: ClassVar[bool]
+    #: server -> client vectors a job needs (in ``job.extras``) and client -> server ones it returns
+    needs_extras: ClassVar[tuple[str, ...]]
+    returns_extras: ClassVar[tuple[str, ...]]
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult: ...
+
+    def personal_model(self, model: nn.Module, space: ParamSpace, params: torch.Tensor,
+                       buffers: dict[str, torch.Tensor],
+                       state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+def _full(mask: torch.Tensor | None, numel: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(numel, dtype=torch.bool, device=device) if mask is None else mask
+
+
+def _sub_seed(seed: int, tag: int) -> int:
+    return int(np.random.SeedSequence([int(seed), tag]).generate_state(1, dtype=np.uint32)[0])
+
+
+@dataclass(frozen=True)
+class SGDClient:
+    """Masked local SGD (FedGMR, FedAvg); ``stragglers``: FedProx's straggler model, the
+    fraction of jobs that run a random number of steps in [1, E) and are still sent."""
+
+    stragglers: float = 0.0
+    stateful: ClassVar[bool] = False
+    needs_extras: ClassVar[tuple[str, ...]] = ()
+    returns_extras: ClassVar[tuple[str, ...]] = ()
+
+    def steps(self, job: Any, local_steps: int) -> int:
+        return straggler_steps(job.seed, self.stragglers, local_steps)
+
+    def terms(self, job: Any) -> LocalTerms | None:
+        return None
+
+    def _train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+               val: tuple[torch.Tensor, torch.Tensor] | None, start: torch.Tensor | None = None,
+               buffers: dict[str, torch.Tensor] | None = None, terms: LocalTerms | None = None) -> TrainOutcome:
+        return masked_local_training(workload.model, workload.space, job.start if start is None else start,
+                                     job.buffers if buffers is None else buffers, job.mask, x, y, workload.settings,
+                                     job.seed, val, workload.optimizer, terms=terms,
+                                     steps=self.steps(job, workload.settings.local_steps))
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        return ClientResult(self._train(workload, job, x, y, val, terms=self.terms(job)))
+
+    def personal_model(self, model: nn.Module, space: ParamSpace, params: torch.Tensor,
+                       buffers: dict[str, torch.Tensor],
+                       state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The global model: a stateless client uses what the server sends."""
+        return params, buffers
+
+
+@dataclass(frozen=True)
+class FedProxClient(SGDClient):
+    """FedProx: ``F_k(w) + mu/2 ||(w - w_start) * m||^2``, w_start = the model received
+    (under asynchrony, the stale one)."""
+
+    mu: float = 0.01
+
+    def terms(self, job: Any) -> LocalTerms | None:
+        return LocalTerms(prox_mu=self.mu)
+
+
+@dataclass(frozen=True)
+class ScaffoldClient(SGDClient):
+    """SCAFFOLD option II on the mask. State: ``c_i`` (zero at the start) and the mask it
+    lives on (``held``); a coordinate new to the mask takes the server's ``c``."""
+
+    stateful: ClassVar[bool] = True
+    needs_extras: ClassVar[tuple[str, ...]] = ("c",)
+    returns_extras: ClassVar[tuple[str, ...]] = ("delta_c",)
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        c = job.extras["c"]
+        mask = _full(job.mask, c.numel(), c.device)
+        state = job.state or {}
+        if "c_i" in state:
+            c_i = seed_new_coordinates(state["c_i"], state["held"], mask, c)
+        else:  # first contact: control variates start at zero
+            c_i = torch.zeros_like(c)
+        fmask = mask.to(c.dtype)
+        out = self._train(workload, job, x, y, val, terms=LocalTerms(correction=(c - c_i) * fmask))
+        x0 = job.start * fmask
+        c_new, delta = scaffold_control_update(c_i, c, x0, out.params, int(out.steps or 1),
+                                               workload.settings.lr, mask)
+        return ClientResult(out, {"c_i": c_new, "held": mask.clone()}, {"delta_c": delta})
+
+
+@dataclass(frozen=True)
+class DittoClient(SGDClient):
+    """Ditto: the ordinary global update, plus ``personal_steps`` steps on the personal
+    model ``v`` with ``F_k(v) + lam/2 ||(v - w) * m||^2`` (w = the global model received).
+    State: ``v``, its buffers and the mask it lives on; new coordinates are seeded from w."""
+
+    lam: float = 1.0
+    personal_steps: int | None = None
+    stateful: ClassVar[bool] = True
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        out = self._train(workload, job, x, y, val)  # the global update w_k, as FedAvg's
+        mask = _full(job.mask, job.start.numel(), job.start.device)
+        state = job.state or {}
+        w = job.start * mask.to(job.start.dtype)
+        v = seed_new_coordinates(state.get("v"), state.get("held"), mask, w)
+        vbuf = {k: state.get(f"buf/{k}", b) for k, b in job.buffers.items()}
+        steps = workload.settings.local_steps if self.personal_steps is None else self.personal_steps
+        personal = masked_local_training(workload.model, workload.space, v, vbuf, job.mask, x, y, workload.settings,
+                                         _sub_seed(job.seed, 0xD1770), None, workload.optimizer,
+                                         terms=LocalTerms(prox_mu=self.lam, prox_anchor=job.start), steps=steps)
+        new = {"v": personal.params, "held": mask.clone()}
+        new.update({f"buf/{k}": b for k, b in personal.buffers.items()})
+        return ClientResult(out, new)
+
+    def personal_model(self, model: nn.Module, space: ParamSpace, params: torch.Tensor,
+                       buffers: dict[str, torch.Tensor],
+                       state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """v (before the client's first job: the global model)."""
+        if "v" not in state:
+            return params, buffers
+        return state["v"].to(params.device), {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+
+
+@dataclass(frozen=True)
+class FedBNClient(SGDClient):
+    """FedBN: BatchNorm layers (selected by module type) stay local. The job starts from
+    the global model with the client's own BatchNorm parameters and statistics; they are
+    kept as state and never sent (the server's upload mask leaves them out)."""
+
+    stateful: ClassVar[bool] = True
+    _local: tuple[torch.Tensor, tuple[str, ...]] | None = field(default=None, init=False, repr=False,
+                                                                  compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_local": None}
+
+    def local(self, model: nn.Module, space: ParamSpace) -> tuple[torch.Tensor, tuple[str, ...]]:
+        if self._local is None:  # a cache (not part of the value): set once per process
+            object.__setattr__(self, "_local", batch_norm_coordinates(model, space))
+        assert self._local is not None
+        return self._local
+
+    def _localise(self, model: nn.Module, space: ParamSpace, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+                  state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if "bn" not in state:
+            return params, buffers
+        local, _ = self.local(model, space)
+        local = local.to(params.device)
+        out = params.clone()
+        out[local] = state["bn"].to(params.device)
+        return out, {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        local, names = self.local(workload.model, workload.space)
+        start, bufs = self._localise(workload.model, workload.space, job.start, job.buffers, job.state or {})
+        out = self._train(workload, job, x, y, val, start=start, buffers=bufs)
+        state = {"bn": out.params[local.to(out.params.device)].clone()}
+        state.update({f"buf/{k}": out.buffers[k] for k in names})
+        return ClientResult(out, state, send_buffers=tuple(k for k in out.buffers if k not in names))
+
+    def personal_model(self, model: nn.Module, space: ParamSpace, params: torch.Tensor,
+                       buffers: dict[str, torch.Tensor],
+                       state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The global model with the client's own BatchNorm layers."""
+        return self._localise(model, space, params, buffers, state)
+
+
+#: client methods by name (``local.algorithm``): ``factory(local_config) -> ClientMethod``
+CLIENT_METHODS: Registry[Callable[[Any], ClientMethod]] = Registry("client method")
+CLIENT_METHODS.register("sgd", lambda local: SGDClient(local.stragglers))
+CLIENT_METHODS.register("fedprox", lambda local: FedProxClient(local.stragglers, local.prox_mu))
+CLIENT_METHODS.register("scaffold", lambda local: ScaffoldClient(local.stragglers))
+CLIENT_METHODS.register("ditto", lambda local: DittoClient(local.stragglers, local.ditto_lambda,
+                                                           local.personal_steps))
+CLIENT_METHODS.register("fedbn", lambda local: FedBNClient(local.stragglers))
+
+
+def client_method(local: Any) -> ClientMethod:
+    """The client method a ``local`` config section names."""
+    return CLIENT_METHODS.get(local.algorithm)(local)
+
+
+__all__ = ["ClientResult", "ClientMethod", "SGDClient", "FedProxClient", "ScaffoldClient", "DittoClient",
+           "FedBNClient", "CLIENT_METHODS", "client_method"]
