@@ -564,6 +564,64 @@ def presets() -> None:
         typer.echo(name)
 
 
+flower_app = typer.Typer(no_args_is_help=True, help="Set-up helpers for a secured Flower deployment (TLS + "
+                         "SuperNode authentication).")
+app.add_typer(flower_app, name="flower")
+
+
+def _print_deployment(directory: Path, nodes: int, superlink: str, connection: str, app_dir: str) -> None:
+    from fedgmr.flower.security import deployment_commands
+
+    cmds = deployment_commands(directory, nodes, superlink, connection, app_dir)
+    flwr_home = "${FLWR_HOME:-~/.flwr}"
+    typer.echo("# 1. server: the SuperLink with TLS and SuperNode authentication\n" + cmds["superlink"][0])
+    typer.echo(f"# 2. operator: add this connection to {flwr_home}/config.toml, then register each node's public key\n"
+               + "\n".join(cmds["config"]) + "\n" + "\n".join(cmds["register"]))
+    typer.echo("# 3. each device (copy it only its own node-<i>.key and ca.crt)\n" + "\n".join(cmds["supernodes"]))
+    typer.echo("# 4. operator: start the run\n" + cmds["run"][0])
+
+
+@flower_app.command("keys")
+def flower_keys(
+    directory: Path = typer.Argument(..., help="folder for the CA, the server certificate and the node keys "
+                                     "(created; never a run directory)"),
+    nodes: int = typer.Option(3, "--nodes", help="SuperNode key pairs to make"),
+    hosts: list[str] = typer.Option([], "--host", help="a name or address the SuperLink is reached at (repeatable; "
+                                    "default: 127.0.0.1 and localhost)"),
+    days: int = typer.Option(365, "--days", help="validity of the certificates"),
+    superlink: str = typer.Option("127.0.0.1:9093", "--superlink", help="HOST:PORT of the SuperLink, for the "
+                                  "printed commands"),
+    connection: str = typer.Option("secure", "--connection", help="the flwr connection name"),
+    app_dir: str = typer.Option("fedgmr-app", "--app", help="the Flower app project folder"),
+) -> None:
+    """Write a CA, the SuperLink's TLS certificate and SuperNode key pairs, then print the
+    commands that use them. Private keys are mode 0600 and never printed."""
+    from fedgmr.flower.security import DEFAULT_HOSTS, make_credentials
+
+    try:
+        creds = make_credentials(directory, nodes, tuple(hosts) or DEFAULT_HOSTS, days)
+        typer.echo(f"# wrote {creds.directory}: ca.crt, server.pem, {nodes} node public key(s) (node-<i>.pub); "
+                   f"private keys (mode 0600, keep them secret): ca.key, server.key, node-<i>.key")
+        _print_deployment(creds.directory, nodes, superlink, connection, app_dir)
+    except FedGMRError as exc:
+        _fail(exc)
+
+
+@flower_app.command("commands")
+def flower_commands(
+    directory: Path = typer.Argument(..., help="the folder `fedgmr flower keys` wrote"),
+    nodes: int = typer.Option(3, "--nodes", help="SuperNodes"),
+    superlink: str = typer.Option("127.0.0.1:9093", "--superlink", help="HOST:PORT of the SuperLink"),
+    connection: str = typer.Option("secure", "--connection", help="the flwr connection name"),
+    app_dir: str = typer.Option("fedgmr-app", "--app", help="the Flower app project folder"),
+) -> None:
+    """Print the flower-superlink / flower-supernode / flwr lines for the keys in DIRECTORY."""
+    try:
+        _print_deployment(directory, nodes, superlink, connection, app_dir)
+    except FedGMRError as exc:
+        _fail(exc)
+
+
 def main() -> None:
     from fedgmr.experiment.sweep import die_with_parent
 

@@ -6,8 +6,10 @@ runs exactly as written on small run directories made where it names them (two s
 one experiment under each, or one run for `plot --levels` / `--clients`). A `run`
 command is checked by resolving the same preset/file and `--set` overrides with
 `fedgmr config` (a full run of a preset takes minutes), with its `--import` modules;
-`fedgmr --version` runs as written. Placeholders such as
-`/path/to/...` and `runs/...` directories that need an earlier run are skipped.
+`fedgmr --version` runs as written; `fedgmr flower keys|commands` run exactly as written,
+in order in one directory (the keys a `keys` line writes are there for the lines after
+it). Placeholders such as `/path/to/...` and `runs/...` directories that need an earlier
+run are skipped.
 """
 
 from __future__ import annotations
@@ -76,6 +78,21 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         png = tmp_path / args[args.index("--out") + 1]
         assert png.read_bytes()[:4] == b"\x89PNG", where
+        return
+    elif sub == "flower":  # exactly as written, after the doc's earlier `fedgmr flower` lines, in one directory
+        doc = where.split(": ")[0]
+        earlier = [c for w, c in COMMANDS if w.split(": ")[0] == doc and c.startswith("fedgmr flower ")]
+        for c in earlier[: earlier.index(cmd) + 1]:
+            proc = subprocess.run([sys.executable, "-m", "fedgmr", *shlex.split(c)[1:]], capture_output=True,
+                                  text=True, env=ENV, cwd=tmp_path, timeout=300)
+            assert proc.returncode == 0, f"{where}\n{c}\n{proc.stderr}"
+        out = proc.stdout
+        assert "flower-superlink " in out and "--enable-supernode-auth" in out and "flwr run " in out, out
+        assert "PRIVATE KEY" not in out + proc.stderr
+        if args[1] == "keys":
+            folder = tmp_path / _positional(args[2:])[0]
+            assert {"ca.crt", "server.pem", "server.key", "node-0.key", "node-0.pub"} <= {
+                q.name for q in folder.iterdir()}, where
         return
     elif sub == "compare":  # exactly as written, on small run directories made where it names them
         import json

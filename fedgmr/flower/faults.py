@@ -4,6 +4,7 @@ misbehave, chosen by its node config key ``fedgmr-fault``.
 Kinds: ``nan`` (a NaN value), ``shape`` (a payload for a model one coordinate larger),
 ``outside-mask`` (values at coordinates the server did not send), ``future-version``,
 ``stale-version`` (a version other than the one dispatched), ``unknown-client``,
+``other-client`` (the reply claims another client's id: client 0, or 1 for client 0),
 ``oversized`` (a payload larger than any valid one), ``crash`` (the ClientApp raises),
 ``hang`` (it never answers: sleeps ``fedgmr-hang-seconds``, default 3600) and ``cycle``
 (the malformed kinds in turn, one per reply).
@@ -25,7 +26,7 @@ from fedgmr.algorithm.encoding import (
 )
 
 MALFORMED = ("nan", "shape", "outside-mask", "future-version", "unknown-client", "oversized", "stale-version")
-KINDS = MALFORMED + ("crash", "hang", "cycle")
+KINDS = MALFORMED + ("other-client", "crash", "hang", "cycle")
 
 
 def corrupt(fields: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -60,6 +61,8 @@ def corrupt(fields: dict[str, Any], kind: str) -> dict[str, Any]:
         out["version"] = int(out["version"]) - 1
     elif kind == "unknown-client":
         out["client"] = 10_000
+    elif kind == "other-client":  # a forged identity: another (existing) client's id
+        out["client"] = 1 if int(out["client"]) == 0 else 0
     elif kind == "oversized":  # larger than any valid reply (see payload.reply_limit)
         limit = payload_nbytes(n, mask_code_limit(n))
         out["payload"] = out["payload"] + bytes(limit + 1)

@@ -13,7 +13,8 @@ after the next aggregation, and a step waits at most ``step_timeout`` seconds fo
 replies before aggregating the ones it has. Malformed replies are rejected and logged
 (here for undecodable fields and identity mismatches, by the strategy for the rest),
 counted in ``rejected`` and never reach the global model: nothing a client sends can
-raise out of :meth:`BufferedServerLoop.handle`.
+raise out of :meth:`BufferedServerLoop.handle`. A node whose replies keep being rejected
+is quarantined (:mod:`fedgmr.flower.quarantine`): it gets no instruction for a while.
 
 Replies carry values only: each in-flight instruction remembers the mask it assigned, and
 the reply is decoded against it (a value count other than the mask's is rejected).
@@ -31,6 +32,7 @@ import torch
 
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.flower.payload import decode_reply, encode_instruction
+from fedgmr.flower.quarantine import Quarantine, QuarantinePolicy
 from fedgmr.sim.executor import job_seed
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, mean_density
 from fedgmr.training.local import TrainSettings
@@ -116,12 +118,13 @@ class BufferedServerLoop:
     seed: root seed of the per-job training seeds.
     client_validation: ask clients for their local validation score (per-client GMR).
     on_record: called with each metrics record.
+    quarantine: when a node's rejected replies quarantine it (default: never).
     """
 
     def __init__(self, strategy: MaskedBufferedStrategy, link: Link, nodes: list[int], evaluator: Evaluator,
                  settings: LoopSettings, train: TrainSettings, seed: int = 0, client_validation: bool = False,
                  on_record: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, quarantine: QuarantinePolicy | None = None) -> None:
         if not nodes:
             raise ValueError("no nodes to train on")
         self.strategy = strategy
@@ -137,6 +140,8 @@ class BufferedServerLoop:
         self.in_flight: dict[str, _Flight] = {}
         self._replied: set[int] = set()  # slots that have replied at least once
         self.waiting: set[int] = set()  # heard from (or given up on) since the last step
+        self.quarantine = Quarantine(quarantine or QuarantinePolicy(after=0))
+        self.benched: set[int] = set()  # slots whose node is quarantined: no work until released
         self.queue: list[Any] = []
         self.dispatches = [0] * strategy.num_clients
         self.stats = LoopStats()
@@ -150,6 +155,10 @@ class BufferedServerLoop:
     def _dispatch(self, slots: Iterable[int]) -> None:
         busy = {f.slot for f in self.in_flight.values()}
         for slot in sorted(set(slots) - busy):
+            if self.quarantine.blocked(self.node_of_slot[slot], self.clock()):
+                self.waiting.discard(slot)
+                self.benched.add(slot)
+                continue
             a = self.strategy.assign(slot)
             seed = job_seed(self.seed, slot, self.dispatches[slot])
             fields = encode_instruction(slot, a.version, seed, a.consumes, a.mask, self.strategy.params,
@@ -176,6 +185,25 @@ class BufferedServerLoop:
         line = f"rejected update from client {slot}: {reason}"
         self.stats.log.append(line)
         log.warning(line)
+        self._strike(slot)
+
+    def _strike(self, slot: int) -> None:
+        """Count an invalid reply against the slot's node; quarantine it on the N-th."""
+        node = self.node_of_slot[slot]
+        if self.quarantine.strike(node, self.clock()):
+            p = self.quarantine.policy
+            line = (f"quarantined node {node} (client {slot}) for {p.seconds:g} s: {p.after} invalid replies "
+                    f"within {p.window:g} s")
+            self.stats.log.append(line)
+            log.warning(line)
+
+    def _release(self) -> None:
+        """Let quarantined nodes whose time is up back in: they get work like a returning client."""
+        for node in self.quarantine.release(self.clock()):
+            for slot in [s for s in self.benched if self.node_of_slot[s] == node]:
+                self.benched.discard(slot)
+                self.waiting.add(slot)
+                log.warning("released node %d (client %d) from quarantine", node, slot)
 
     def handle(self, arrived: Any) -> bool:
         """Validate one reply and hand it to the strategy; True when accepted."""
@@ -198,7 +226,11 @@ class BufferedServerLoop:
             self._reject(slot, f"reply came from node {arrived.node_id!r}, not node {self.node_of_slot[slot]}")
             return False
         try:
-            return self._accept(slot, flight, arrived.fields)
+            rejected = self.strategy.rejected
+            accepted = self._accept(slot, flight, arrived.fields)
+            if not accepted and self.strategy.rejected > rejected:  # the strategy rejected it
+                self._strike(slot)
+            return accepted
         except InvalidUpdateError as exc:
             self._reject(slot, str(exc))
             return False
@@ -279,7 +311,7 @@ class BufferedServerLoop:
             "rejected": self.strategy.rejected,
             "wall_time": wall, "used": self._last_stats["used"], "clipped": self.strategy.bounds.clipped,
             "capped": self.strategy.bounds.capped, "update_norm_median": self.strategy.median_update_norm,
-            "timeouts": self.stats.timeouts, "errors": self.stats.errors,
+            "timeouts": self.stats.timeouts, "errors": self.stats.errors, "quarantines": self.quarantine.count,
         }
         self._last_eval = self.strategy.version
         self.records.append(rec)
@@ -308,6 +340,7 @@ class BufferedServerLoop:
                             s.max_wall)
                 break
             progressed = False
+            self._release()
             queued = {a.instruction_id for a in self.queue}
             pending = [i for i in self.in_flight if i not in queued]
             if pending:  # a reply is pulled once: Flower deletes it on delivery
@@ -405,6 +438,7 @@ def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int, *, name
         "nodes": nodes, "clipped_updates": last.get("clipped", 0), "capped_sample_counts": last.get("capped", 0),
         "timeouts": stats.timeouts, "unanswered": stats.unanswered, "client_errors": stats.errors,
         "replies": stats.replies, "final_loss": None if math.isnan(last["loss"]) else last["loss"],
+        "quarantines": last.get("quarantines", 0),
     }
     if t_star is not None:
         mean, std = acc_at_t([r["time"] for r in records], [r["accuracy"] for r in records], t_star)

@@ -17,7 +17,9 @@ YAML/TOML path; default: the quickstart preset), ``seed``, ``num-server-steps``,
 ``eval-every``, ``out-dir``, ``t-star`` (wall-clock seconds since the start: the summary's
 Acc@t*), and the bounds on one client's influence
 (:func:`~fedgmr.flower.loop.bound_influence`): ``max-samples``, ``max-update-norm``,
-``update-norm-multiple`` (0 turns a bound off).
+``update-norm-multiple`` (0 turns a bound off), and the quarantine of repeat offenders
+(:class:`~fedgmr.flower.quarantine.QuarantinePolicy`): ``quarantine-after`` (N invalid
+replies; 0 turns it off), ``quarantine-window`` and ``quarantine-seconds``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Mapping
 from fedgmr.flower.adapter import GridLink, flower_version, make_server_app
 from fedgmr.flower.client import load_run_config
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings, bound_influence, summary
+from fedgmr.flower.quarantine import QuarantinePolicy
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
     if level == logging.NOTSET or level > logging.INFO:
         pkg_log.setLevel(logging.INFO)
     try:
+        quarantine = QuarantinePolicy.from_run_config(run_config)  # a bad key fails before anything is built
         cfg = load_run_config(run_config)
         refuse_client_state(cfg)
         exp = build_experiment(cfg)
@@ -112,7 +116,11 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
 
         workload = exp.simulator.executor.workload  # type: ignore[attr-defined]
         loop = BufferedServerLoop(exp.strategy, link, nodes[:n], exp.simulator.evaluator, settings,
-                                  workload.settings, cfg.seed, wants_client_validation(cfg), on_record)
+                                  workload.settings, cfg.seed, wants_client_validation(cfg), on_record,
+                                  quarantine=quarantine)
+        if quarantine.enabled:
+            log.info("quarantine: %d invalid replies within %g s keep a node out for %g s", quarantine.after,
+                     quarantine.window, quarantine.seconds)
         try:
             records = loop.run()
         finally:
@@ -120,6 +128,7 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
                 metrics.close()
         result = summary(records, loop.stats, len(loop.node_of_slot), name=cfg.name, method=cfg.method,
                          seed=cfg.seed, t_star=t_star)
+        result["quarantined_nodes"] = list(loop.quarantine.events)
         result["rejection_log"] = loop.stats.log
         log.info("summary: %s", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
         if out_dir is not None:

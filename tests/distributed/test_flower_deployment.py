@@ -2,8 +2,11 @@
 
 * ``flwr run`` against a ``flower-superlink --simulation`` (Flower's simulation runtime);
 * ``flwr run`` against a ``flower-superlink`` and several ``flower-supernode`` processes
-  (insecure mode), one of which sends every kind of malformed reply in turn and one of
-  which never answers.
+  (insecure mode), one of which sends every kind of malformed reply in turn (and is
+  quarantined after three) and one of which never answers;
+* the same with TLS and SuperNode authentication, set up with ``fedgmr flower keys``'
+  files and command lines: registered nodes run, a stranger and a node trusting another
+  CA are kept out, a forged client id is rejected and its node quarantined.
 
 Every process is started in its own process group and stopped by signalling that group.
 """
@@ -191,7 +194,9 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
                                        # a ClientApp process per message: five cold starts (torch,
                                        # data, model) share 2 cores, ~25 s on a busy machine
                                        "reply-timeout": scaled(90.0), "step-timeout": scaled(8.0),
-                                       "max-wall": scaled(900.0), "node-wait": scaled(60.0)})
+                                       "max-wall": scaled(900.0), "node-wait": scaled(60.0),
+                                       # the default quarantine (3 rejections), over the whole run
+                                       "quarantine-window": scaled(900.0), "quarantine-seconds": scaled(3600.0)})
     write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
     _superlink(procs, port, simulation=False)
     faults = {honest: "cycle", honest + 1: "hang"}
@@ -214,7 +219,115 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
     # which scales with the machine's load) still unanswered at the end
     assert result["timeouts"] + result["client_errors"] + result["unanswered"] >= 1
     assert "rejected update from client" in server_log
+    # every rejection is the cycling node's: its third one quarantines it for the rest of the run
+    assert result["quarantines"] == (1 if result["rejected_updates"] >= 3 else 0)
+    assert result["rejected_updates"] <= 3 and len(result["quarantined_nodes"]) == result["quarantines"]
+    assert ("quarantined node" in server_log) == (result["quarantines"] == 1)
     assert any(s in server_log for s in ("did not reply within", "failed: ", "never replied"))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["accuracy"] == r["accuracy"] for r in records)  # never NaN: the model was never corrupted
     assert len(MALFORMED) == 7
+
+
+def _wait_for(what: str, condition, timeout: float, procs: Processes) -> Any:
+    """Poll ``condition()`` until it returns something truthy (that is returned)."""
+    timeout = scaled(timeout)
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s\n{procs.dump_logs(3000)}")
+        time.sleep(0.5)
+    return value
+
+
+def test_secured_deployment_tls_node_auth_forged_ids_and_quarantine(procs, tmp_path):
+    """TLS + SuperNode authentication, set up with `fedgmr flower keys`' files and command
+    lines: three registered nodes (one forging another client's id) complete the run, an
+    unregistered node and a node trusting another CA never get in."""
+    import re
+    import shlex
+
+    from fedgmr.flower.security import deployment_commands, make_credentials
+
+    t0 = time.monotonic()
+    port, clients, steps = _free_port(), 3, 6
+    keys = make_credentials(tmp_path / "keys", nodes=4)  # node-3: never registered
+    other = make_credentials(tmp_path / "other-ca", nodes=0)
+    cmds = deployment_commands(keys.directory, 4, f"127.0.0.1:{port}", connection="secure")
+    out = tmp_path / "out-secure"
+    cfg = _fedgmr_config(tmp_path, clients=clients, steps=steps, heterogeneity=[1.0, 1.0, 0.5])
+    app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": steps,
+                                       "reply-timeout": scaled(90.0), "step-timeout": scaled(8.0),
+                                       "max-wall": scaled(900.0), "node-wait": scaled(120.0),
+                                       "quarantine-after": 2, "quarantine-window": scaled(900.0),
+                                       "quarantine-seconds": scaled(3600.0)})
+    write_flower_config(procs.env["FLWR_HOME"], {"secure": {"address": f"127.0.0.1:{port}",
+                                                            "root-certificates": str(keys.ca_cert)}})
+
+    def bin_path(cmd: str) -> list[str]:  # the printed command line, run from this environment's bin/
+        args = shlex.split(cmd)
+        return [str(BIN / args[0]), *args[1:]]
+
+    link = procs.start("superlink", bin_path(cmds["superlink"][0]))
+    _wait_http(port, link, "flower-superlink (TLS)")
+    node_ids = {}
+    for i, line in enumerate(cmds["register"][:3]):
+        reg = subprocess.run(bin_path(line), env=procs.env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=scaled(120))
+        assert reg.returncode == 0, reg.stdout + reg.stderr
+        node_ids[i] = int(re.search(r"SuperNode (\d+) registered", reg.stdout + reg.stderr).group(1))
+    forger = 2
+    for i, line in enumerate(cmds["supernodes"]):  # 0-2 registered (2 forges ids), 3 not registered
+        args = bin_path(line) + ["--host", "127.0.0.1", "--port", str(_free_port())]
+        if i == forger:
+            args[args.index("--node-config") + 1] += ' fedgmr-fault="other-client"'
+        procs.start(f"supernode{i}", args)
+    # trusts another CA (with a key of its own): the TLS handshake fails
+    procs.start("wrong-ca", [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates",
+                             str(other.ca_cert), "--auth-supernode-private-key", str(keys.node_keys[3]),
+                             "--host", "127.0.0.1", "--port", str(_free_port()),
+                             "--node-config", "partition-id=0 num-partitions=3"])
+
+    result = _flwr_run(procs, app, "secure", out, timeout=1000)
+    wall = time.monotonic() - t0
+    server_log = (out / "server.log").read_text()
+    print("secured:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
+    print("registered node ids:", node_ids, f"wall {wall:.0f} s")
+    print("\n".join(result["rejection_log"]))
+
+    assert result["nodes"] == clients and result["steps"] == steps
+    assert result["final_accuracy"] > 0.15
+    # the forged client id is rejected and logged, and the forger quarantined after 2
+    forged = [line for line in server_log.splitlines() if "claims to be client" in line]
+    assert forged, server_log[-3000:]
+    print("forged id:", forged[0])
+    assert result["quarantined_nodes"] == [node_ids[forger]] and result["quarantines"] == 1
+    quarantined = [line for line in server_log.splitlines() if f"quarantined node {node_ids[forger]}" in line]
+    assert quarantined and result["rejected_updates"] >= 2
+    print("quarantine:", quarantined[0])
+    # the run's nodes are the registered ones: the stranger and the wrong-CA node never got work
+    used = {int(n) for n in re.findall(r"\(node (\d+)\)", server_log)} | {node_ids[forger]}
+    assert used <= set(node_ids.values()), used
+    # the SuperLink refuses the unregistered key (and says so); only registered nodes were activated
+    from cryptography.hazmat.primitives import serialization
+
+    pem = serialization.load_ssh_public_key(keys.node_pubs[3].read_bytes()).public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    marker = pem.splitlines()[1]  # the first line of the stranger's key, as the SuperLink prints it
+    refused = _wait_for("the SuperLink's refusal of the unregistered node", lambda: [
+        line for line in procs.log("superlink").splitlines()
+        if "No SuperNode found with the given public key" in line and marker in line], 60, procs)
+    print("refused (superlink.log):", refused[0][:400])
+    assert "Failed to activate SuperNode" in procs.log("supernode3")
+    activated = {int(n) for n in re.findall(r"Activated node_id=(\d+)", procs.log("superlink"))}
+    assert activated == set(node_ids.values()), (activated, node_ids)
+    tls = _wait_for("the wrong-CA node's TLS failure", lambda: [
+        line for line in procs.log("wrong-ca").splitlines() if "CERTIFICATE_VERIFY_FAILED" in line], 60, procs)
+    print("wrong CA (wrong-ca.log):", tls[0])
+    # secrets stay in the keys folder: no private key material in the run directory or any log
+    secret_lines = {line for p in keys.private for line in p.read_text().splitlines()
+                    if "PRIVATE KEY" not in line and len(line) > 20}
+    for path in [*out.rglob("*"), *tmp_path.glob("*.log")]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "PRIVATE KEY" not in text and not any(s in text for s in secret_lines), path

@@ -30,6 +30,7 @@ from fedgmr.flower.client import load_run_config, train_handler
 from fedgmr.flower.faults import MALFORMED, corrupt, fault_mod
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings
 from fedgmr.flower.payload import decode_instruction, decode_reply, encode_instruction, encode_reply, reply_limit
+from fedgmr.flower.quarantine import QuarantinePolicy
 
 
 @dataclass
@@ -86,7 +87,8 @@ def _loop(run_config: dict[str, Any], link: FakeLink, steps: int = 6, **kw: Any)
                             step_timeout=kw.pop("step_timeout", 2.0), max_wall=30.0, eval_every=2,
                             check_interval=2, poll_interval=0.01)
     return BufferedServerLoop(exp.strategy, link, list(range(4)), exp.simulator.evaluator, settings,
-                              exp.simulator.executor.workload.settings, cfg.seed)
+                              exp.simulator.executor.workload.settings, cfg.seed, quarantine=kw.pop("quarantine", None),
+                              **kw)
 
 
 def test_honest_nodes_train_and_the_model_improves(run_config):
@@ -97,7 +99,7 @@ def test_honest_nodes_train_and_the_model_improves(run_config):
     assert all(r["used"] <= 4 for r in records)
 
 
-@pytest.mark.parametrize("kind", MALFORMED)
+@pytest.mark.parametrize("kind", MALFORMED + ("other-client",))
 def test_each_malformed_reply_is_rejected_logged_and_never_touches_the_model(run_config, kind, caplog):
     # node 3 is a 0.05-density client under High heterogeneity: its mask leaves room outside
     loop = _loop(run_config, FakeLink(run_config, {3: kind}), steps=4)
@@ -162,6 +164,67 @@ def test_crashing_and_silent_clients_do_not_stall_the_loop(run_config, caplog):
     msgs = " | ".join(r.getMessage() for r in caplog.records)
     assert "client 1 (node 1) failed" in msgs and "client 2 (node 2) did not reply" in msgs
     assert records[-1]["wall_time"] < 30
+
+
+class _CountingLink(FakeLink):
+    """A FakeLink that remembers which node each instruction went to."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.to: list[int] = []
+
+    def push(self, node_id: int, fields: Mapping[str, Any], ttl: float, group: str) -> str:
+        self.to.append(node_id)
+        return super().push(node_id, fields, ttl, group)
+
+
+def test_a_repeat_offender_is_quarantined_logged_and_counted(run_config, caplog):
+    link = _CountingLink(run_config, {3: "cycle"})
+    loop = _loop(run_config, link, steps=8, quarantine=QuarantinePolicy(after=2, window=60.0, seconds=3600.0))
+    with caplog.at_level(logging.WARNING, logger="fedgmr"):
+        records = loop.run()
+    assert loop.strategy.version == 8
+    # its two rejected replies, then nothing: the run outlives neither the window nor the quarantine
+    assert link.to.count(3) == 2 and loop.strategy.rejected == 2
+    assert loop.quarantine.events == [3] and records[-1]["quarantines"] == 1
+    assert records[0]["quarantines"] == 0
+    line = "quarantined node 3 (client 3) for 3600 s: 2 invalid replies within 60 s"
+    assert line in loop.stats.log
+    assert any(r.getMessage() == line for r in caplog.records)
+    assert torch.isfinite(loop.strategy.params).all()
+
+
+def test_a_quarantined_node_gets_work_again_when_its_time_is_up(run_config, caplog):
+    # a clock that moves 0.1 s per instruction (and a little per reading): the quarantine
+    # of 0.25 s ends a few instructions later, whatever the machine's speed
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1e-4
+        return now[0]
+
+    class Link(_CountingLink):
+        def push(self, *a: Any) -> str:
+            now[0] += 0.1
+            return super().push(*a)
+
+    link = Link(run_config, {3: "cycle"})
+    loop = _loop(run_config, link, steps=10, quarantine=QuarantinePolicy(after=1, window=60.0, seconds=0.25),
+                 clock=clock)
+    with caplog.at_level(logging.WARNING, logger="fedgmr"):
+        loop.run()
+    assert loop.strategy.version == 10
+    released = [r for r in caplog.records if r.getMessage() == "released node 3 (client 3) from quarantine"]
+    assert released and link.to.count(3) >= 2
+    # one strike quarantines: every reply of node 3 (each one rejected) quarantined it again
+    assert loop.quarantine.count == link.to.count(3) == loop.strategy.rejected
+
+
+def test_no_quarantine_by_default_in_the_loop(run_config):
+    link = _CountingLink(run_config, {3: "cycle"})
+    loop = _loop(run_config, link, steps=6)
+    loop.run()
+    assert loop.quarantine.count == 0 and link.to.count(3) >= 3
 
 
 def test_a_node_still_silent_at_the_end_is_counted_and_logged(run_config, caplog):
