@@ -293,7 +293,8 @@ def plot(
                                            "summary.json files agree on; none: no mark)"),
     x: str = typer.Option("time", "--x", help="x axis: time (s), step, bytes_up or bytes_total (MB up + down), "
                           "wall (wall-clock s: runs that record wall_time, e.g. Flower)"),
-    metric: str = typer.Option("accuracy", "--metric", help="accuracy, loss, avg_density or min_coverage"),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy, loss, avg_density, min_coverage, "
+                        "coverage_min or pruned_energy_mean (run.coverage_eval_every)"),
     bands: bool = typer.Option(True, "--bands/--no-bands", help="seeds of one experiment as a mean line with "
                                "a ±1 std band (default), or every run as its own line"),
     levels: bool = typer.Option(False, "--levels", help="one accuracy curve per ladder level (level_accuracy) "

@@ -220,7 +220,10 @@ class SubmodelConfig(_Section):
         by parameter name); None derives them from the simulator's time model.
     refresh_every: recompute the ranking every that many server steps;
         ``check_interval`` (the authors' cadence) follows ``restoration.check_interval``;
-        null never refreshes.
+        null never refreshes. Magnitude masks only: the extraction policies (``random``,
+        ``rolling``, ``coverage_max``) extract again at every server step.
+    coverage_decay: ``coverage_max``'s ``λ`` in the recent coverage ``H_k = λ H_{k-1} + Γ_k``
+        (docs/methods/epm.md).
     """
 
     policy: str = "magnitude"
@@ -230,6 +233,7 @@ class SubmodelConfig(_Section):
     cost_weighted: bool = False
     layer_costs: list[float] | dict[str, float] | None = None
     refresh_every: int | Literal["check_interval"] | None = "check_interval"
+    coverage_decay: float = Field(0.9, ge=0, le=1)
     baseline: BaselineConfig = Field(default_factory=BaselineConfig)
 
     @field_validator("refresh_every")
@@ -398,6 +402,11 @@ class RunConfig(_Section):
     #: 0), logged as ``personal_accuracy``, ``personal_std``, ``personal_worst10`` and the
     #: per-client ``personal_accuracies`` every that many test evaluations (null: off)
     personal_eval_every: int | None = Field(None, ge=1)
+    #: coverage of the last aggregation over the updates it used and the pruned-weight
+    #: energy (docs/methods/epm.md), logged as ``coverage_hist``, ``coverage_min``,
+    #: ``coverage_groups``, ``coverage_group_min``, ``pruned_energy`` and
+    #: ``pruned_energy_mean`` every that many test evaluations (null: off)
+    coverage_eval_every: int | None = Field(None, ge=1)
     #: experiment trackers fed every metrics record: tensorboard, mlflow, wandb
     #: (fedgmr.experiment.loggers; each needs its pip extra, e.g. fedgmr[tensorboard])
     loggers: list[str] = Field(default_factory=list)

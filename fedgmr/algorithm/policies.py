@@ -43,6 +43,10 @@ class SubmodelPolicy(ABC):
         """Called after every server step; may recompute masks. Returns True if it did."""
         return False
 
+    def observe(self, masks: Sequence[torch.Tensor]) -> None:
+        """Called at every aggregation, before :meth:`refresh`, with the masks of the
+        updates it used (a coverage-driven policy keeps their history)."""
+
     def code_nbytes(self, mask: torch.Tensor) -> int:
         """Bytes that tell a client which coordinates ``mask`` holds (sent with a download
         only when the client's mask changed). Default: the entropy-near mask code of
@@ -143,3 +147,6 @@ class MagnitudePolicy(SubmodelPolicy):
 POLICIES: Registry = Registry("sub-model policy")
 POLICIES.register("magnitude", MagnitudePolicy)
 POLICIES.register("full", FullModelPolicy)
+
+# the online extraction policies (random, rolling, coverage_max) register themselves here
+from fedgmr.algorithm import extraction as _extraction  # noqa: E402,F401  (after POLICIES: it imports them)

@@ -327,7 +327,9 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         evaluate_split=evaluate_split,
         level_every=cfg.run.level_eval_every, client_every=cfg.run.client_eval_every,
         personal_splits=shared.test if cfg.run.personal_eval_every else [],
-        personal_models=personal_models, personal_every=cfg.run.personal_eval_every)
+        personal_models=personal_models, personal_every=cfg.run.personal_eval_every,
+        coverage_stats=strategy.coverage_stats, client_levels=lambda: list(strategy.ladder.levels),
+        coverage_every=cfg.run.coverage_eval_every)
 
     net = cfg.network
     network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,

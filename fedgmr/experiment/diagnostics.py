@@ -15,7 +15,13 @@
   (``data.client_test_fraction``): mean, population std and the mean of the worst 10 %
   of clients. A metric of its own: never compare it with ``accuracy``.
 
-Both are pure evaluation: they never touch the strategy's state, so turning them on
+* ``coverage_*`` / ``pruned_energy*`` (``run.coverage_eval_every``): the coverage of the
+  last aggregation over the updates it used (``coverage_hist``, ``coverage_min``,
+  ``coverage_groups``, ``coverage_group_min``) and the pruned-weight energy of the
+  evaluated model under each level's mask (``pruned_energy``, ``pruned_energy_mean``);
+  docs/methods/epm.md defines them.
+
+All are pure evaluation: they never touch the strategy's state, so turning them on
 changes no other metric. Each is computed once per published model version.
 """
 
@@ -26,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from fedgmr.algorithm.coverage import level_energy
 from fedgmr.algorithm.local_rules import personal_summary
 
 #: ``evaluate(params, buffers, x, y)`` -> (accuracy, loss)
@@ -62,11 +69,16 @@ class Diagnostics:
     personal_every: int | None = None
     #: changes whenever some client's state changed (personal models move without a new version)
     personal_stamp: Callable[[], Any] = lambda: 0
+    #: the last aggregation's coverage record keys and each client's current ladder level
+    coverage_stats: Callable[[], dict[str, Any]] | None = None
+    client_levels: Callable[[], list[int]] = list
+    coverage_every: int | None = None
     _cache: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def enabled(self) -> bool:
-        return self.level_every is not None or self.client_every is not None or self.personal_every is not None
+        return (self.level_every is not None or self.client_every is not None or self.personal_every is not None
+                or self.coverage_every is not None)
 
     def _due(self, every: int | None, index: int) -> bool:
         return every is not None and index % every == 0
@@ -90,6 +102,9 @@ class Diagnostics:
         if self._due(self.client_every, index):
             out["client_accuracy"] = self._cached("client", version, lambda: [
                 self.evaluate_split(params, buffers, x, y)[0] if len(y) else None for x, y in self.client_splits])
+        if self._due(self.coverage_every, index) and self.coverage_stats is not None:
+            out.update(self.coverage_stats())
+            out.update(level_energy(params, self.level_masks(), self.client_levels()))
         if self._due(self.personal_every, index) and self.personal_models is not None:
             out.update(self._cached("personal", (version, self.personal_stamp()),
                                     lambda: self._personal(params, buffers)))

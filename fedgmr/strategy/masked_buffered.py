@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fedgmr.algorithm.aggregation import AggregationRule, average_buffers, coverage_counts
+from fedgmr.algorithm.coverage import aggregation_coverage
 from fedgmr.algorithm.maskinfo import frozen, mask_count, memo
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import SubmodelPolicy
@@ -152,6 +153,7 @@ class MaskedBufferedStrategy:
         self._arrivals: list[int] = []
         self._pending: dict[int, _Entry] = {}
         self._last_used_masks: list[torch.Tensor] = []
+        self._last_used_densities: list[float] = []  # the ladder density each was dispatched at
         self._held: dict[int, torch.Tensor] = {}  # the mask each client last received
         self.rejected = 0
         if client_samples is not None and len(client_samples) != self.num_clients:
@@ -430,6 +432,8 @@ class MaskedBufferedStrategy:
         if self.bn_stats is not None:
             self.buffers = self.bn_stats(self.params)
         self._last_used_masks = [e.mask for e in used]
+        self._last_used_densities = [e.density for e in used]
+        self.policy.observe(self._last_used_masks)
         self.version += 1
         self.policy.refresh(self.version, self.params)
         report = StepReport(self.version, [e.client_id for e in used], taus, weights, self.rejected)
@@ -477,6 +481,12 @@ class MaskedBufferedStrategy:
         if not self._last_used_masks:
             return 0
         return int(coverage_counts(self._last_used_masks).min())
+
+    def coverage_stats(self) -> dict[str, Any]:
+        """Coverage of the last aggregation over the updates it used (record keys of
+        :func:`~fedgmr.algorithm.coverage.aggregation_coverage`; groups are the ladder
+        densities the aggregated clients were dispatched at)."""
+        return aggregation_coverage(self._last_used_masks, self._last_used_densities, self.space.numel)
 
     # ------------------------------------------------------------------ restoration
     def on_validation(self, score: float) -> list[int]:
@@ -551,6 +561,7 @@ class MaskedBufferedStrategy:
         state = {
             "version": self.version, "rejected": self.rejected, "arrivals": list(self._arrivals),
             "entries": entries, "outstanding": outstanding, "held": held, "last_used": last_used,
+            "last_used_densities": list(self._last_used_densities),
             "ladder": self.ladder.state_dict(),
             "trigger": self.trigger.state_dict(), "policy": pol_state,
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
@@ -596,6 +607,8 @@ class MaskedBufferedStrategy:
         }
         self._held = {int(c): masks[int(k)] for c, k in state["held"].items()}
         self._last_used_masks = [masks[int(k)] for k in state.get("last_used", [])]
+        self._last_used_densities = [float(d) for d in state.get(
+            "last_used_densities", [mask_count(m) / m.numel() for m in self._last_used_masks])]  # older checkpoints
         # a checkpoint without the models sent (bounds off when saved): measure against the current one
         self._sent = {}
         for o in state["outstanding"]:

@@ -1,0 +1,217 @@
+"""Online extraction policies beside the nested magnitude masks (docs/methods/epm.md).
+
+Each policy scores every coordinate again at every server step (round) and ranks the
+prunable ones with :func:`~fedgmr.algorithm.masks.magnitude_ranking` on that score (the
+per-layer floor first, ties by position); level ``l`` takes the always-kept coordinates
+plus the first :func:`~fedgmr.algorithm.masks.prefix_length` entries, exactly as many as
+the magnitude mask of that density (equal bytes). One ranking per round makes the level
+masks of a round nested, so IMS increments and GMR's moves up the ladder keep their
+meaning; a client's coordinates change from round to round.
+
+* ``random``: uniform scores from a generator seeded by ``(run seed stream, step)``.
+* ``rolling``: per prunable layer a cyclic window whose start advances every round by
+  the smallest level's share of the layer - FedRolex's rolling window, but over
+  coordinates (unstructured), not over output neurons.
+* ``coverage_max``: the least recently covered coordinates first, by the decayed
+  coverage ``H_k = λ H_{k-1} + Γ_k`` of the updates aggregated; ties by ``|w|``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from fedgmr.algorithm.aggregation import coverage_counts
+from fedgmr.algorithm.maskinfo import frozen
+from fedgmr.algorithm.masks import magnitude_ranking, nested_masks
+from fedgmr.algorithm.params import ParamSpace
+from fedgmr.algorithm.policies import POLICIES, SubmodelPolicy
+from fedgmr.errors import ConfigError
+
+#: index of the policy stream among the children of the run's ``SeedSequence(seed)``
+#: (the simulator's :class:`~fedgmr.experiment.build.Streams` use children 0-3)
+POLICY_STREAM = 4
+
+
+def policy_seed(seed: int) -> int:
+    """The extraction policies' seed: an independent child of the run's seed."""
+    child = np.random.SeedSequence(seed).spawn(POLICY_STREAM + 1)[POLICY_STREAM]
+    return int(child.generate_state(1, dtype=np.uint32)[0])
+
+
+def random_scores(numel: int, seed: int, step: int) -> torch.Tensor:
+    """Uniform ``[0, 1)`` scores of round ``step`` (float64, CPU): the same on every device."""
+    return torch.from_numpy(np.random.default_rng([seed, step]).random(numel))
+
+
+def rolling_offset(step: int, layer_numel: int, first_density: float) -> int:
+    """Start of a layer's window at round ``step``: ``step x ceil(ρ_1 x n_p) mod n_p``."""
+    return (step * max(1, math.ceil(first_density * layer_numel))) % layer_numel
+
+
+def rolling_scores(space: ParamSpace, step: int, first_density: float) -> torch.Tensor:
+    """Score ``1 - q/n_p`` of the coordinate ``q`` places after its layer's window start
+    (``q = (i - offset_p) mod n_p``): every prefix of the ranking takes about the same
+    share of each layer, starting at the window."""
+    out = torch.zeros(space.numel, dtype=torch.float64)
+    for p in space.prunable_layers:
+        q = (torch.arange(p.numel, dtype=torch.float64) - rolling_offset(step, p.numel, first_density)) % p.numel
+        out[p.slice] = 1.0 - q / p.numel
+    return out
+
+
+def coverage_scores(space: ParamSpace, history: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """Scores ordering the prunable coordinates by (recent coverage ascending, ``|w|``
+    descending): ``(R - 1 - rank(H)) + |w| / (2 max|w|)`` with ``rank`` the dense rank of
+    ``H`` among the prunable coordinates (``R`` distinct values). Float64."""
+    out = torch.zeros(space.numel, dtype=torch.float64, device=history.device)
+    layers = space.prunable_layers
+    if not layers:
+        return out
+    h = torch.cat([history[p.slice].double() for p in layers])
+    w = torch.cat([params[p.slice].double().abs() for p in layers]).to(h.device)
+    values, rank = torch.unique(h, sorted=True, return_inverse=True)
+    top = float(w.max()) if w.numel() else 0.0
+    frac = w / (2.0 * top) if top > 0 else torch.zeros_like(w)
+    score = (values.numel() - 1 - rank).double() + frac
+    start = 0
+    for p in layers:
+        out[p.slice] = score[start:start + p.numel]
+        start += p.numel
+    return out
+
+
+class ExtractionPolicy(SubmodelPolicy):
+    """Nested level masks from a per-round score (see the module docstring).
+
+    Parameters
+    ----------
+    space, ladder, params: layout, densities and the initial global model.
+    floor: each prunable layer's share that comes first in every ranking.
+    basis: what a density counts (``model`` or ``prunable``), as for the magnitude masks.
+    seed: the policy's seed (:func:`policy_seed` of the run's seed).
+    """
+
+    nested = True
+
+    def __init__(self, space: ParamSpace, ladder: Sequence[float], params: torch.Tensor, floor: float = 0.02,
+                 basis: str = "model", seed: int = 0) -> None:
+        super().__init__(space, ladder)
+        self.floor = floor
+        self.basis = basis
+        self.seed = int(seed)
+        self.step = 0
+        self._rebuild(params)
+
+    @abstractmethod
+    def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
+        """Non-negative scores over all coordinates (higher: kept first)."""
+
+    def _rebuild(self, params: torch.Tensor) -> None:
+        score = self.scores(self.step, params).to(params.device)
+        self.ranking = magnitude_ranking(score, self.space, self.floor)
+        self._set_masks()
+
+    def _set_masks(self) -> None:
+        self._masks = [frozen(m) for m in nested_masks(self.ranking, self.space, self.ladder, self.floor,
+                                                       self.basis)]
+
+    def mask(self, level: int) -> torch.Tensor:
+        return self._masks[level]
+
+    def refresh(self, step: int, params: torch.Tensor) -> bool:
+        """Extract again at every server step."""
+        self.step = int(step)
+        self._rebuild(params)
+        return True
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"step": self.step}, {"ranking": self.ranking}
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        self.step = int(state["step"])
+        self.ranking = tensors["ranking"].to(self.ranking.device, copy=True)
+        self._set_masks()
+
+    @classmethod
+    def config_kwargs(cls, cfg: Any) -> dict[str, Any]:
+        """Extra constructor arguments read from the config."""
+        return {}
+
+    @classmethod
+    def from_config(cls, space: ParamSpace, params: torch.Tensor, model: Any, cfg: Any,
+                    width_builder: Any = None) -> "ExtractionPolicy":
+        """Build from an :class:`~fedgmr.config.ExperimentConfig` (refusing the
+        magnitude-only options)."""
+        sub = cfg.submodel
+        if sub.cost_weighted or sub.layer_costs is not None:
+            raise ConfigError(f"submodel.cost_weighted and submodel.layer_costs rank by |w| / cost and apply to "
+                              f"submodel.policy 'magnitude' only, not {cls.name!r}")
+        return cls(space, sub.ladder, params, sub.layer_floor, sub.density_basis, policy_seed(cfg.seed),
+                   **cls.config_kwargs(cfg))
+
+
+class RandomPolicy(ExtractionPolicy):
+    """A fresh uniform ranking every round (deterministic in the run's seed)."""
+
+    name = "random"
+
+    def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
+        return random_scores(self.space.numel, self.seed, step)
+
+
+class CoordinateRollingPolicy(ExtractionPolicy):
+    """Coordinate-level rolling windows, one per prunable layer."""
+
+    name = "rolling"
+
+    def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
+        return rolling_scores(self.space, step, self.ladder[0])
+
+
+class CoverageMaxPolicy(ExtractionPolicy):
+    """The least recently covered coordinates first.
+
+    decay: ``λ`` of the recent coverage ``H_k = λ H_{k-1} + Γ_k`` (0: the last aggregation
+    only; 1: every aggregation so far counts the same).
+    """
+
+    name = "coverage_max"
+
+    def __init__(self, space: ParamSpace, ladder: Sequence[float], params: torch.Tensor, floor: float = 0.02,
+                 basis: str = "model", seed: int = 0, decay: float = 0.9) -> None:
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        self.decay = float(decay)
+        self.history = torch.zeros(space.numel, dtype=torch.float64, device=params.device)
+        super().__init__(space, ladder, params, floor, basis, seed)
+
+    def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
+        return coverage_scores(self.space, self.history, params)
+
+    def observe(self, masks: Sequence[torch.Tensor]) -> None:
+        """``H <- λ H + Γ`` with ``Γ`` the coverage of the masks aggregated."""
+        self.history = self.history * self.decay
+        if masks:
+            self.history = self.history + coverage_counts(masks).to(self.history.device, torch.float64)
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        state, tensors = super().state_dict()
+        return state, {**tensors, "history": self.history}
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state, tensors)
+        self.history = tensors["history"].to(self.history.device, torch.float64, copy=True)
+
+    @classmethod
+    def config_kwargs(cls, cfg: Any) -> dict[str, Any]:
+        return {"decay": cfg.submodel.coverage_decay}
+
+
+POLICIES.register("random", RandomPolicy)
+POLICIES.register("rolling", CoordinateRollingPolicy)
+POLICIES.register("coverage_max", CoverageMaxPolicy)

@@ -1,0 +1,160 @@
+"""The online extraction policies (``random``, ``rolling``, ``coverage_max``;
+docs/methods/epm.md): exact masks on a hand-built model, equal budgets, determinism,
+nesting, config and exact resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import simulate, tiny_config
+from fedgmr.algorithm.extraction import (CoordinateRollingPolicy, CoverageMaxPolicy, RandomPolicy, policy_seed,
+                                         rolling_offset)
+from fedgmr.algorithm.masks import nested_masks, magnitude_ranking
+from fedgmr.algorithm.params import ParamSpace
+from fedgmr.algorithm.policies import POLICIES
+from fedgmr.errors import ConfigError
+from fedgmr.experiment.runner import run_experiment
+from fedgmr.methods import resolve_config
+
+LADDER = (0.25, 0.5, 1.0)
+
+
+def _space() -> ParamSpace:
+    """Prunable: layer A (flat 0-7) and layer B (flat 8-11); the output layer (12-13) is kept."""
+    return ParamSpace(nn.Sequential(nn.Linear(4, 2, bias=False), nn.Linear(2, 2, bias=False),
+                                    nn.Linear(2, 1, bias=False)))
+
+
+def _idx(mask: torch.Tensor) -> list[int]:
+    return torch.nonzero(mask).squeeze(1).tolist()
+
+
+def _sets(policy) -> list[list[int]]:
+    return [_idx(policy.mask(lv)) for lv in range(len(policy.ladder))]
+
+
+PARAMS = torch.tensor([0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, -0.8, 0.05, 0.9, -0.15, 0.25, 1.0, 1.0])
+
+
+def test_registered_in_the_policy_registry():
+    assert POLICIES.get("random") is RandomPolicy and POLICIES.get("rolling") is CoordinateRollingPolicy
+    assert POLICIES.get("coverage_max") is CoverageMaxPolicy
+
+
+def test_rolling_windows_advance_by_the_smallest_levels_share_each_round():
+    space = _space()
+    assert space.numel == 14 and space.num_prunable == 12
+    pol = CoordinateRollingPolicy(space, LADDER, PARAMS, floor=0.0, basis="prunable")
+    # k = 3, 6, 12; step 0: A from 0 and B from 8, merged by the share of the window passed
+    assert _sets(pol) == [[0, 1, 8, 12, 13], [0, 1, 2, 3, 8, 9, 12, 13], list(range(14))]
+    assert [rolling_offset(s, 8, 0.25) for s in range(5)] == [0, 2, 4, 6, 0]
+    assert [rolling_offset(s, 4, 0.25) for s in range(5)] == [0, 1, 2, 3, 0]
+    assert pol.refresh(1, PARAMS)
+    assert _sets(pol)[:2] == [[2, 3, 9, 12, 13], [2, 3, 4, 5, 9, 10, 12, 13]]
+    pol.refresh(3, PARAMS)  # A from 6 (wrapping to 0, 1), B from 11 (wrapping to 8)
+    assert _sets(pol)[:2] == [[6, 7, 11, 12, 13], [0, 1, 6, 7, 8, 11, 12, 13]]
+
+
+def test_coverage_max_takes_the_least_recently_covered_coordinates():
+    space = _space()
+    pol = CoverageMaxPolicy(space, LADDER, PARAMS, floor=0.0, basis="prunable", decay=0.5)
+    # before any coverage: all tie at H = 0, so |w| decides (the magnitude ranking)
+    assert pol.ranking.tolist() == magnitude_ranking(PARAMS, space, 0.0).tolist()
+    m = lambda *idx: torch.zeros(14, dtype=torch.bool).index_fill_(0, torch.tensor(idx), True)  # noqa: E731
+    pol.observe([m(0, 2, 6, 12), m(0, 4, 6, 13)])
+    pol.observe([m(2, 6, 7, 9, 10)])
+    # H = 0.5 (A + B) + C over the prunable coordinates 0-11
+    expected_h = [1.0, 0, 1.5, 0, 0.5, 0, 2.0, 1.0, 0, 1.0, 1.0, 0]
+    assert pol.history[:12].tolist() == expected_h
+    assert pol.history[12:].tolist() == [0.5, 0.5]
+    pol.refresh(1, PARAMS)
+    # H = 0: 1 (.2), 3 (.4), 5 (.6), 8 (.05), 11 (.25) -> by |w|: 5, 3, 11, 1, 8; H = 0.5: 4;
+    # H = 1: 0 (.1), 7 (.8), 9 (.9), 10 (.15) -> 9, 7, 10, 0; H = 1.5: 2; H = 2: 6
+    assert pol.ranking.tolist() == [5, 3, 11, 1, 8, 4, 9, 7, 10, 0, 2, 6]
+    assert _sets(pol)[:2] == [[3, 5, 11, 12, 13], [1, 3, 4, 5, 8, 11, 12, 13]]
+    pol.observe([])  # an aggregation that used nothing only decays the history
+    assert pol.history[:12].tolist() == [h / 2 for h in expected_h]
+
+
+@pytest.mark.parametrize("cls", [RandomPolicy, CoordinateRollingPolicy, CoverageMaxPolicy])
+@pytest.mark.parametrize("basis, floor", [("prunable", 0.0), ("model", 0.3)])
+def test_every_round_keeps_each_levels_magnitude_budget_and_nesting(cls, basis: str, floor: float):
+    space = _space()
+    budget = [int(m.sum()) for m in nested_masks(magnitude_ranking(PARAMS, space, floor), space, LADDER, floor,
+                                                 basis)]
+    pol = cls(space, LADDER, PARAMS, floor=floor, basis=basis, seed=7)
+    seen = set()
+    for step in range(6):
+        if step:
+            pol.observe([pol.mask(0), pol.mask(1)])
+            pol.refresh(step, PARAMS)
+        masks = [pol.mask(lv) for lv in range(len(LADDER))]
+        assert [int(m.sum()) for m in masks] == budget
+        assert all(bool((a & ~b).sum() == 0) for a, b in zip(masks, masks[1:]))  # nested
+        assert all(bool(m[12:].all()) for m in masks)  # the output layer is always kept
+        seen.add(tuple(_idx(masks[0])))
+    assert len(seen) > 1  # the coordinates move from round to round
+
+
+def test_random_masks_are_deterministic_in_the_run_seed():
+    space = _space()
+    assert policy_seed(0) == policy_seed(0) != policy_seed(1)
+    a = RandomPolicy(space, LADDER, PARAMS, floor=0.0, seed=policy_seed(0))
+    b = RandomPolicy(space, LADDER, PARAMS, floor=0.0, seed=policy_seed(0))
+    c = RandomPolicy(space, LADDER, PARAMS, floor=0.0, seed=policy_seed(1))
+    for step in range(1, 4):
+        assert a.ranking.tolist() == b.ranking.tolist()
+        for p in (a, b, c):
+            p.refresh(step, PARAMS)
+    assert a.ranking.tolist() == b.ranking.tolist() != c.ranking.tolist()
+    a.refresh(1, PARAMS)
+    b.refresh(1, PARAMS * 3)  # random scores ignore the weights
+    assert a.ranking.tolist() == b.ranking.tolist()
+
+
+@pytest.mark.parametrize("policy", ["random", "rolling", "coverage_max"])
+@pytest.mark.parametrize("trigger", ["fixed_time", "none"])
+def test_usable_with_and_without_restoration(policy: str, trigger: str):
+    records, exp = simulate(tiny_config(submodel={"policy": policy}, restoration={"trigger": trigger,
+                                                                                "horizon": 1e-6},
+                                        run={"max_steps": 8, "eval_every": 2}))
+    assert exp.strategy.policy.name == policy and exp.strategy.policy.step == 8
+    if trigger == "none":
+        assert records[-1]["restorations"] == 0
+    else:
+        assert records[-1]["restorations"] > 0  # GMR moved clients up the (nested) ladder
+    sizes = [int(exp.strategy.policy.mask(lv).sum()) for lv in range(len(exp.strategy.ladder.ladder))]
+    assert sizes == sorted(sizes) and sizes[-1] == exp.space.numel
+
+
+@pytest.mark.parametrize("policy", ["random", "rolling", "coverage_max"])
+def test_set_policy_from_the_command_line(policy: str):
+    from fedgmr.config import apply_overrides
+
+    raw = apply_overrides(tiny_config(), [f"submodel.policy={policy}", "submodel.coverage_decay=0.5"])
+    cfg = resolve_config(raw)
+    assert cfg.submodel.policy == policy and cfg.submodel.coverage_decay == 0.5
+
+
+@pytest.mark.parametrize("policy", ["random", "rolling", "coverage_max"])
+def test_checkpoint_resume_is_exact(tmp_path: Path, policy: str):
+    cfg = resolve_config(tiny_config(submodel={"policy": policy, "coverage_decay": 0.7},
+                                     run={"max_steps": 8, "eval_every": 1, "checkpoint_every": 2,
+                                          "coverage_eval_every": 1}))
+    out, ref = tmp_path / "killed", tmp_path / "ref"
+    assert run_experiment(cfg, out, stop_after_steps=5)["interrupted"]
+    run_experiment(cfg, out, resume=True)
+    run_experiment(cfg, ref)
+    assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
+
+
+def test_magnitude_only_options_are_refused_in_one_line():
+    for extra in ({"cost_weighted": True}, {"layer_costs": [1.0]}):
+        with pytest.raises(ConfigError, match="apply to submodel.policy 'magnitude' only, not 'coverage_max'"):
+            simulate(tiny_config(submodel={"policy": "coverage_max", **extra}, run={"max_steps": 1}))
+    with pytest.raises(Exception, match="coverage_decay"):
+        resolve_config(tiny_config(submodel={"coverage_decay": 1.5}))
