@@ -169,6 +169,7 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
 
     d.mkdir(parents=True)
     cfg = {"name": name or d.name, "method": "fedgmr", "seed": seed, "clients": {"heterogeneity": "high"},
+           "data": {"partition": "dirichlet"}, "network": {"ims": True},  # keys the tables' --rows/--cols name
            "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
