@@ -19,6 +19,13 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from fedgmr.errors import ConfigError
 
 
+def _check_known(names: list[str], registry: Any, what: str) -> None:
+    """ValueError naming the first of ``names`` that ``registry`` lacks, with the known names."""
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown[0]!r} (known: {', '.join(registry.names())})")
+
+
 #: the most torch threads a run may ask for: far above any machine's core count, far below
 #: the ~100k at which torch's thread pool crashes the process (a fixed bound, so a config
 #: validates the same on every machine)
@@ -99,9 +106,7 @@ class DataConfig(_Section):
     def _shifts(cls, v: list[str]) -> list[str]:
         from fedgmr.data.shift import FEATURE_SHIFTS
 
-        unknown = [name for name in v if name not in FEATURE_SHIFTS]
-        if unknown:
-            raise ValueError(f"unknown feature shift {unknown[0]!r} (known: {', '.join(FEATURE_SHIFTS.names())})")
+        _check_known(v, FEATURE_SHIFTS, "feature shift")
         return v
 
 
@@ -169,8 +174,7 @@ class LocalConfig(_Section):
     def _algorithm(cls, v: str) -> str:
         from fedgmr.training.client_methods import CLIENT_METHODS
 
-        if v not in CLIENT_METHODS:
-            raise ValueError(f"unknown client algorithm {v!r} (known: {', '.join(CLIENT_METHODS.names())})")
+        _check_known([v], CLIENT_METHODS, "client algorithm")
         return v
 
 
@@ -418,9 +422,7 @@ class RunConfig(_Section):
     def _loggers(cls, v: list[str]) -> list[str]:
         from fedgmr.experiment.loggers import LOGGERS
 
-        unknown = [name for name in v if name not in LOGGERS]
-        if unknown:
-            raise ValueError(f"unknown logger {unknown[0]!r} (known: {', '.join(LOGGERS.names())})")
+        _check_known(v, LOGGERS, "logger")
         if len(set(v)) != len(v):
             raise ValueError("names a logger twice")
         return v

@@ -132,7 +132,8 @@ def test_fedgmr_prox_and_ditto_keep_pruned_coordinates_zero_in_a_run():
     ({"method": "scaffold", "training": {"weight_decay": 1e-4}}, "momentum or weight decay"),
     ({"method": "heterofl", "local": {"algorithm": "fedprox"}}, "own client procedure"),
     ({"method": "fedbn"}, "has none"),  # the tiny MLP has no BatchNorm
-    ({"method": "fedgmr", "local": {"algorithm": "nope"}}, "unknown client algorithm"),
+    ({"method": "fedgmr", "local": {"algorithm": "nope"}}, r"unknown client algorithm 'nope' \(known: .*scaffold"),
+    ({"data": {"feature_shift": ["invert", "sepia"]}}, r"unknown feature shift 'sepia' \(known: .*invert"),
 ])
 def test_refused_combinations_are_one_line_config_errors(set_, match):
     raw = tiny_config(run={"max_steps": 2})

@@ -186,28 +186,31 @@ def test_a_resume_appends_and_each_logger_holds_exactly_the_metrics(tmp_path: Pa
     assert read_metrics(fresh) == records  # the resume is exact: the skipped records were these
 
 
-class _Interrupt(RunLogger):
-    """A logger that raises Ctrl-C at the third record (the user interrupts the run)."""
+class _FailAt(RunLogger):
+    """A logger that raises ``error`` at its ``at``-th record."""
+
+    at: int
+    error: BaseException
 
     def open(self, resume: bool, kept: Any) -> None:
         self.seen = 0
 
     def log(self, record: dict[str, Any]) -> None:
         self.seen += 1
-        if self.seen == 3:
-            raise KeyboardInterrupt
+        if self.seen == self.at:
+            raise self.error
 
 
-class _Broken(RunLogger):
-    """A logger whose tracker fails at the second record."""
+class _Interrupt(_FailAt):
+    """Ctrl-C at the third record (the user interrupts the run)."""
 
-    def open(self, resume: bool, kept: Any) -> None:
-        self.seen = 0
+    at, error = 3, KeyboardInterrupt()
 
-    def log(self, record: dict[str, Any]) -> None:
-        self.seen += 1
-        if self.seen == 2:
-            raise RuntimeError("tracker went away")
+
+class _Broken(_FailAt):
+    """The tracker fails at the second record."""
+
+    at, error = 2, RuntimeError("tracker went away")
 
 
 def test_loggers_are_closed_when_the_run_is_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -416,12 +416,12 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     for cell in cells:
         if cell.status in ("done", "failed"):
             notify("skip" if cell.status == "done" else "fail", cell, finished, len(cells))
-    chosen = {c.name for c in cells}
+    this_pass = {c.name: c for c in cells}
     for cell in every:  # the cells this pass leaves alone: as a full pass would find them
-        if cell.name not in chosen and (out / cell.name / "summary.json").is_file():
+        if cell.name not in this_pass and (out / cell.name / "summary.json").is_file():
             cell.status, cell.result = "done", _headline(out / cell.name)
     # the index lists the whole grid; the cells of this pass are the objects updated below
-    index = [next((c for c in cells if c.name == e.name), e) for e in every]
+    index = [this_pass.get(e.name, e) for e in every]
     _write_index(out, spec, sweep_file, index)
     if executor == "ray":
         _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index)
