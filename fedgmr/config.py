@@ -87,8 +87,10 @@ class DataConfig(_Section):
 
     name: str = "digits"
     root: str | None = None
-    partition: Literal["iid", "dirichlet", "natural"] = "dirichlet"
+    partition: Literal["iid", "dirichlet", "shards", "natural"] = "dirichlet"
     alpha: float = Field(0.6, gt=0)
+    #: ``shards`` partition: label-sorted shards per client (at most that many classes each)
+    shards_per_client: int = Field(2, ge=1)
     val_fraction: float = Field(0.1, ge=0, lt=1)
     client_val_fraction: float = Field(0.0, ge=0, lt=1)
     #: each client's own held-out *test* split, carved from its shard after

@@ -63,7 +63,7 @@ def test_idx_loader_errors_name_the_layout(tmp_path: Path):
 def test_partitions_are_disjoint_cover_and_hold_out_validation():
     labels = np.repeat(np.arange(10), 100)
     rng = np.random.default_rng(0)
-    for scheme in ("iid", "dirichlet"):
+    for scheme in ("iid", "dirichlet", "shards"):
         p = make_partition(labels, 10, scheme, rng, alpha=0.3, val_fraction=0.1, client_val_fraction=0.2)
         parts = [*p.clients, *p.client_val, p.server_val]
         allidx = np.concatenate(parts)
@@ -81,6 +81,20 @@ def test_dirichlet_skews_labels_and_is_seeded():
     assert min(distinct) < 10  # label skew: some client misses classes
 
 
+def test_shards_deal_label_sorted_shards_of_equal_size():
+    labels = np.repeat(np.arange(10), 100)
+    a = make_partition(labels, 10, "shards", np.random.default_rng(3), val_fraction=0.0, shards_per_client=2)
+    b = make_partition(labels, 10, "shards", np.random.default_rng(3), val_fraction=0.0, shards_per_client=2)
+    assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients))
+    # 20 shards of 50: each shard is one class, so a client holds 1 or 2 classes, 100 samples
+    assert [len(c) for c in a.clients] == [100] * 10
+    assert all(1 <= len(set(labels[c].tolist())) <= 2 for c in a.clients)
+    assert sorted(np.concatenate(a.clients).tolist()) == list(range(1000))
+    one = make_partition(labels, 10, "shards", np.random.default_rng(3), val_fraction=0.0, shards_per_client=1)
+    assert sorted(int(labels[c][0]) for c in one.clients) == list(range(10))
+    assert all(len(set(labels[c].tolist())) == 1 for c in one.clients)
+
+
 def test_bad_partition_settings_are_config_errors():
     labels = np.zeros(10, dtype=int)
     with pytest.raises(ConfigError):
@@ -89,6 +103,8 @@ def test_bad_partition_settings_are_config_errors():
         make_partition(labels, 2, "natural", np.random.default_rng(0))
     with pytest.raises(ConfigError):
         make_partition(labels, 2, "dirichlet", np.random.default_rng(0), alpha=0)
+    with pytest.raises(ConfigError, match="shards"):
+        make_partition(labels, 5, "shards", np.random.default_rng(0), val_fraction=0.0, shards_per_client=3)
 
 
 @pytest.mark.data

@@ -1,4 +1,4 @@
-"""Client partitions (IID, Dirichlet label skew, natural) and the validation split.
+"""Client partitions (IID, Dirichlet label skew, label-sorted shards, natural) and the validation split.
 
 All functions are pure given a ``numpy.random.Generator`` (the *partition* stream).
 """
@@ -73,14 +73,37 @@ def dirichlet_partition(indices: np.ndarray, labels: np.ndarray, num_clients: in
     )
 
 
+def shards_partition(indices: np.ndarray, labels: np.ndarray, num_clients: int, shards_per_client: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """Pathological label skew (McMahan et al., 2017): sort by label, cut into
+    ``num_clients * shards_per_client`` equal shards, deal each client ``shards_per_client``
+    of them at random. A client holds at most ``shards_per_client`` classes (fewer when two
+    of its shards share one)."""
+    if shards_per_client < 1:
+        raise ConfigError(f"data.shards_per_client must be >= 1, got {shards_per_client}")
+    num_shards = num_clients * shards_per_client
+    if num_shards > len(indices):
+        raise ConfigError(f"cannot cut {len(indices)} samples into {num_shards} shards "
+                          f"({num_clients} clients x {shards_per_client})")
+    labels = np.asarray(labels)
+    shuffled = rng.permutation(indices)  # random order within a class
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shards = np.array_split(by_label, num_shards)
+    order = rng.permutation(num_shards)
+    return [np.sort(np.concatenate([shards[j] for j in order[i * shards_per_client:(i + 1) * shards_per_client]]))
+            for i in range(num_clients)]
+
+
 def make_partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.Generator,
                    alpha: float = 0.6, val_fraction: float = 0.1, client_val_fraction: float = 0.0,
-                   natural: list[np.ndarray] | None = None, client_test_fraction: float = 0.0) -> Partition:
+                   natural: list[np.ndarray] | None = None, client_test_fraction: float = 0.0,
+                   shards_per_client: int = 2) -> Partition:
     """Carve the server validation split, then split the rest over clients.
 
-    ``scheme`` is ``iid``, ``dirichlet`` or ``natural`` (``natural`` needs the data set's
-    own client split; its clients are grouped round-robin into ``num_clients`` clients
-    when there are more natural users than clients).
+    ``scheme`` is ``iid``, ``dirichlet``, ``shards`` (``shards_per_client`` label-sorted
+    shards each) or ``natural`` (``natural`` needs the data set's own client split; its
+    clients are grouped round-robin into ``num_clients`` clients when there are more
+    natural users than clients).
     """
     labels = np.asarray(labels)
     if scheme == "natural":
@@ -110,8 +133,10 @@ def make_partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.ra
             clients = iid_partition(train_idx, num_clients, rng)
         elif scheme == "dirichlet":
             clients = dirichlet_partition(train_idx, labels, num_clients, alpha, rng)
+        elif scheme == "shards":
+            clients = shards_partition(train_idx, labels, num_clients, shards_per_client, rng)
         else:
-            raise ConfigError(f"data.partition must be 'iid', 'dirichlet' or 'natural', got {scheme!r}")
+            raise ConfigError(f"data.partition must be 'iid', 'dirichlet', 'shards' or 'natural', got {scheme!r}")
     client_val: list[np.ndarray] = []
     if client_val_fraction > 0:
         split_clients = []

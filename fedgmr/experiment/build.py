@@ -89,13 +89,13 @@ def init_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
 
 def _partition(cfg: ExperimentConfig, data: FederatedData, rng: np.random.Generator) -> Partition:
     labels = data.train.y.numpy()
-    if labels.ndim != 1 and cfg.data.partition == "dirichlet":
-        raise ConfigError("data.partition 'dirichlet' needs one label per sample; use 'natural' or 'iid'")
+    if labels.ndim != 1 and cfg.data.partition in ("dirichlet", "shards"):
+        raise ConfigError(f"data.partition {cfg.data.partition!r} needs one label per sample; use 'natural' or 'iid'")
     if labels.ndim != 1:
         labels = np.zeros(len(labels), dtype=np.int64)
     return make_partition(labels, cfg.clients.num_clients, cfg.data.partition, rng, cfg.data.alpha,
                           cfg.data.val_fraction, cfg.data.client_val_fraction, data.natural_clients,
-                          cfg.data.client_test_fraction)
+                          cfg.data.client_test_fraction, cfg.data.shards_per_client)
 
 
 def client_partition(cfg: ExperimentConfig, data: FederatedData) -> Partition:
