@@ -54,13 +54,15 @@ class Conv2(nn.Module):
     """The paper's FEMNIST model: 5x5 conv 32 -> 5x5 conv 64 -> FC 2048 -> classes."""
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int,
-                 channels: tuple[int, int] = (32, 64), hidden: int = 2048) -> None:
+                 channels: tuple[int, int] = (32, 64), hidden: int = 2048, batch_norm: bool = False) -> None:
         super().__init__()
         c1, c2 = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        )
+
+        def block(cin: int, cout: int) -> list[nn.Module]:
+            norm: list[nn.Module] = [nn.BatchNorm2d(cout)] if batch_norm else []
+            return [nn.Conv2d(cin, cout, 5, padding=2), *norm, nn.ReLU(), nn.MaxPool2d(2)]
+
+        self.features = nn.Sequential(*block(in_channels, c1), *block(c1, c2))
         side = image_size // 4
         self.classifier = nn.Sequential(
             nn.Flatten(), nn.Linear(c2 * side * side, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
@@ -96,12 +98,14 @@ def build_cnn(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0
 
 @MODELS.register("conv2")
 def build_conv2(num_classes: int, input_shape: tuple[int, ...], width: float = 1.0,
-                channels: tuple[int, int] = (32, 64), hidden: int = 2048) -> nn.Module:
-    """The paper's Conv-2 (FEMNIST model)."""
+                channels: tuple[int, int] = (32, 64), hidden: int = 2048, batch_norm: bool = False) -> nn.Module:
+    """The paper's Conv-2 (FEMNIST model); ``batch_norm: true`` adds BatchNorm after each conv
+    (not in the paper: for FedBN and feature-shift studies)."""
     channels = ints_option("model.options.channels", channels, length=2)
     hidden = int_option("model.options.hidden", hidden)
+    batch_norm = bool_option("model.options.batch_norm", batch_norm)
     cin, size = _image_shape(input_shape, "conv2")
     if size < 4:
         raise shape_mismatch("conv2", "image (C, H, W) with H, W >= 4", input_shape)
     return Conv2(cin, size, num_classes, (scaled(channels[0], width), scaled(channels[1], width)),
-                 scaled(hidden, width))
+                 scaled(hidden, width), batch_norm)

@@ -109,3 +109,16 @@ def test_transformer_rejects_too_long_inputs_and_builders_do_not_reseed() -> Non
     assert build_model("transformer_lm", 30, (8,), max_len=16)(torch.zeros(1, 9, dtype=torch.long)).shape == (1, 9, 30)
     first, second = build_model("vgg11", 10, (3, 32, 32)), build_model("vgg11", 10, (3, 32, 32))
     assert not torch.equal(first.features[0].weight, second.features[0].weight)
+
+
+def test_conv2_batch_norm_option_adds_one_bn_per_conv_and_keeps_the_paper_model_by_default() -> None:
+    plain = build_model("conv2", 10, (1, 28, 28), channels=(16, 32), hidden=512)
+    normed = build_model("conv2", 10, (1, 28, 28), channels=(16, 32), hidden=512, batch_norm=True)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in plain.modules())
+    bns = [m for m in normed.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert [bn.num_features for bn in bns] == [16, 32]
+    # the paper's parameter names (and so masks and checkpoints) are unchanged without the option
+    assert [n for n, _ in plain.named_parameters()][:4] == ["features.0.weight", "features.0.bias",
+                                                           "features.3.weight", "features.3.bias"]
+    assert _params(normed) - _params(plain) == 2 * (16 + 32)
+    assert normed(torch.randn(3, 1, 28, 28)).shape == (3, 10)
