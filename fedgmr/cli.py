@@ -510,8 +510,9 @@ def table(
     value: str = typer.Option("acc", "--value", help="what cells show: acc (Acc@t*), final (final accuracy) or "
                               "time (virtual time at the run's end, e.g. for a fixed number of rounds)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table to this file"),
-    metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy or "
-                               "personal_worst10 (each client's own model on its own test split)"),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy, "
+                               "personal_worst10, personal_std (each client's own model on its own test split), "
+                               "cluster_purity or coverage_min (Gamma*): the windowed mean of that series"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.table import build_table, find_runs, read_run, render

@@ -181,3 +181,27 @@ def test_a_sweep_directory_tabulates_in_its_grid_order_not_alphabetically(tmp_pa
     # without the index the runs come by path and the first seen value leads
     (tmp_path / "sweep.json").unlink()
     assert _table(tmp_path).cols == [("high",), ("low",), ("medium",)]
+
+
+def test_a_spread_metric_bolds_the_lowest_and_a_count_is_not_a_percentage(tmp_path: Path):
+    for seed in (0, 1):
+        for method, std, gamma in (("fedavg", 0.10, 3.0), ("ditto", 0.06, 5.0)):
+            d = _run(tmp_path, method, seed, "high", 0.5)
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for r in rows:
+                r.update(personal_std=std + 0.01 * seed, coverage_min=gamma + seed)
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = find_runs([tmp_path])
+    spread = build_table([read_run(p, "personal_std") for p in runs], t_star=10.0, mri_of="ditto")
+    text = render(spread, "md")
+    assert spread.mri_of is None and "MRI" not in text  # a spread has no relative improvement
+    assert "personal_std: Acc@t* (%)" in text and "Bold: lowest mean" in text
+    assert "| ditto    | **6.50 ± 0.71** |" in text and "| fedavg   | 10.50 ± 0.71    |" in text
+    count = render(build_table([read_run(p, "coverage_min") for p in runs], t_star=10.0), "md")
+    assert "coverage_min: Acc@t* at t*" in count and "Bold: best mean" in count
+    assert "**5.50 ± 0.71**" in count and "3.50 ± 0.71" in count  # Gamma* as a count, not x100
+    with pytest.raises(ConfigError, match="not an accuracy"):
+        build_table([read_run(p, "coverage_min") for p in runs], t_star=10.0, target=0.5)
+    with pytest.raises(ConfigError, match="takes an accuracy"):
+        from fedgmr.experiment.metrics import compare_runs
+        compare_runs([str(p) for p in runs], t_star=10.0, metric="personal_std")

@@ -14,6 +14,8 @@ loop started (``clock: wall``; the records also keep ``wall_time``). A summary w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import json
 import math
 from pathlib import Path
@@ -33,10 +35,35 @@ SUMMARY_KEYS = ("name", "method", "seed", "status", "runtime", "clock", "final_a
                 "steps", "final_avg_density", "restorations", "bytes_up", "bytes_down", "uploads", "downloads",
                 "rejected_updates", "wall_time_s", "evaluations", "eval_interval")
 
-#: the accuracies ``compare`` and ``table`` can compute Acc@t* of, one per table: the global
-#: model's test ``accuracy``, or the personalised metrics (``run.personal_eval_every``):
-#: the mean and the worst 10 % of each client's own model on its own test split
-ACCURACY_METRICS = ("accuracy", "personal_accuracy", "personal_worst10")
+@dataclass(frozen=True)
+class TableMetric:
+    """A logged series ``compare`` and ``table`` can average over the Acc@t* window:
+    ``percent`` (shown x100 as %, else as is), ``higher_is_better`` (which mean is bold),
+    ``accuracy`` (an accuracy: MRI and time-to-accuracy apply)."""
+
+    name: str
+    description: str
+    percent: bool = True
+    higher_is_better: bool = True
+    accuracy: bool = True
+
+
+#: the series ``compare`` and ``table`` can compute a windowed mean of, one per table: the
+#: global model's test ``accuracy``; the personalised metrics (``run.personal_eval_every``):
+#: the mean, the spread and the worst 10 % of each client's own model on its own test split;
+#: a clustered method's ``cluster_purity``; EPM's minimum coverage index ``coverage_min``
+TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
+    TableMetric("accuracy", "the global model's test accuracy"),
+    TableMetric("personal_accuracy", "mean over clients of each client's own model on its own test split"),
+    TableMetric("personal_worst10", "mean of the worst 10 % of the clients' personal accuracies"),
+    TableMetric("personal_std", "std over clients of the personal accuracies (lower is better)",
+                higher_is_better=False, accuracy=False),
+    TableMetric("cluster_purity", "share of clients in their cluster's most common true group (clustered methods)",
+                accuracy=False),
+    TableMetric("coverage_min", "minimum coverage index Gamma* of the aggregations (run.coverage_eval_every)",
+                percent=False, accuracy=False),
+)}
+ACCURACY_METRICS = tuple(TABLE_METRICS)
 
 
 def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path) -> tuple[list[float], list[float]]:
@@ -313,6 +340,10 @@ def compare_runs(run_dirs: Sequence[str | Path], t_star: float, target: float | 
     """
     if not run_dirs:
         raise ConfigError("give at least one run directory")
+    if metric in TABLE_METRICS and not TABLE_METRICS[metric].accuracy:
+        accuracies = ", ".join(m.name for m in TABLE_METRICS.values() if m.accuracy)
+        raise ConfigError(f"invalid value for '--metric': compare computes MRI and time-to-accuracy, so it takes an "
+                          f"accuracy ({accuracies}); `fedgmr table --metric {metric}` tabulates {metric!r}")
     if not finite_number(t_star) or t_star < 0:
         raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 in seconds (got {t_star})")
     if span is not None and not (finite_number(span) and span > 0):

@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from fedgmr.errors import ConfigError, FedGMRError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, acc_at_t, finite_number, flatten_config, metric_series,
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_t, finite_number, flatten_config, metric_series,
                                       mri, read_run_metrics,
                                       run_clock, run_eval_interval, time_to_accuracy)
 
@@ -171,6 +171,8 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
     metrics = sorted({r.metric for r in runs})
     if len(metrics) > 1:  # global and personalised accuracy never share a table
         raise FedGMRError(f"runs read for different metrics ({', '.join(metrics)}): one table shows one")
+    if target is not None and not TABLE_METRICS[metrics[0]].accuracy:
+        raise ConfigError(f"--target is an accuracy to reach; {metrics[0]!r} is not an accuracy")
     keys = sorted({k for r in runs for k in r.config})
     varying = [k for k in keys if k not in EXECUTION_KEYS
                and len({_hashable(r.config.get(k)) for r in runs}) > 1]
@@ -234,7 +236,8 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
         row_vals.sort(key=lambda v: order.get(v[0], len(order)))
     mri_row: dict[tuple, float] = {}
     over: list[str] = []
-    if value != "time" and mri_of is not None and row_keys == ["method"] and (mri_of,) in row_vals:
+    if value != "time" and TABLE_METRICS[metrics[0]].accuracy and mri_of is not None and row_keys == ["method"] \
+            and (mri_of,) in row_vals:
         over = [b for b in baselines if (b,) in row_vals and b != mri_of]
         for c in col_vals:
             mine = cells.get(((mri_of,), c))
@@ -267,7 +270,9 @@ def _frame(table: Table, fmt: Format) -> Any:
 
     esc = _latex_escape if fmt == "latex" else (lambda s: s)
     modal = table.seeds_per_cell
-    pick, scale, digits = (min, 1.0, 0) if table.value == "time" else (max, 100.0, 2)
+    spec = TABLE_METRICS[table.metric]
+    pick, scale, digits = ((min, 1.0, 0) if table.value == "time"
+                           else (max if spec.higher_is_better else min, 100.0 if spec.percent else 1.0, 2))
     best = {c: pick((table.cells[(r, c)]["mean"] for r in table.rows if (r, c) in table.cells
                      and not math.isnan(table.cells[(r, c)]["mean"])), default=math.nan) for c in table.cols}
     data = []
@@ -321,13 +326,16 @@ def caption(table: Table) -> str:
     """What the numbers are, in one paragraph."""
     n = table.seeds_per_cell
     title = _VALUE_TITLES[table.value].format(t=table.t_star)
+    if not TABLE_METRICS[table.metric].percent:
+        title = title.replace(" (%)", "")
     if table.metric != "accuracy" and table.value != "time":
         title = f"{table.metric}: {title}"
     text = (f"{title}: mean ± sample std (ddof = 1) across seeds of each seed's value, "
             f"{n} seed{'s' if n != 1 else ''} per cell")
     text += " (no ± with one seed)." if n == 1 else "."
     text += f" Rows: {' / '.join(table.row_keys)}; columns: {' / '.join(table.col_keys) or 'all runs'}."
-    text += f" Bold: {'lowest' if table.value == 'time' else 'best'} mean in its column."
+    lowest = table.value == "time" or not TABLE_METRICS[table.metric].higher_is_better
+    text += f" Bold: {'lowest' if lowest else 'best'} mean in its column."
     if table.mri_of is not None:
         text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
     return text
