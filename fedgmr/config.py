@@ -98,8 +98,9 @@ class DataConfig(_Section):
     client_test_fraction: float = Field(0.0, ge=0, lt=1)
     #: feature-shifted clients: client i's images (train, validation and test) under the
     #: fixed transform ``feature_shift[i mod len]`` (fedgmr.data.shift.FEATURE_SHIFTS:
-    #: none, invert, rotate, noise, blur, low_contrast); the global test split cycles
-    #: through them sample by sample. Empty: no shift.
+    #: none, invert, rotate, noise, blur, low_contrast, and the exact rotations rot0,
+    #: rot90, rot180, rot270); the global test split cycles through them sample by
+    #: sample. Empty: no shift.
     feature_shift: list[str] = Field(default_factory=list)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -178,6 +179,40 @@ class LocalConfig(_Section):
 
         _check_known([v], CLIENT_METHODS, "client algorithm")
         return v
+
+
+class FedMRLConfig(_Section):
+    """FedMRL (``local.algorithm: fedmrl``; docs/methods/fedmrl.md). The model
+    (``model.name``, a representation model such as ``rep_cnn``) gives the architecture
+    family of both the shared small model G and each client's local model F_i.
+
+    d1: G's representation size: the Matryoshka prefix of the fused representation that
+        G's head reads.
+    d2: the large representation: each F_i's representation size, the projector's output
+        and what F_i's head reads (d1 <= d2).
+    g_width: G's width rate (its hidden sizes; the same G on every client).
+    widths: F_i's width rate; client i takes ``widths[i mod len]`` (also ``standalone``'s
+        model per client).
+    """
+
+    d1: int = Field(20, ge=1)
+    d2: int = Field(100, ge=1)
+    g_width: float = Field(0.25, gt=0, le=1)
+    widths: list[float] = Field(default_factory=lambda: [1.0, 0.75, 0.5, 0.375, 0.25])
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[float]) -> list[float]:
+        if not v or any(not 0 < w <= 1 for w in v):
+            raise ValueError("must list one or more width rates in (0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _prefix(self) -> "FedMRLConfig":
+        if self.d1 > self.d2:
+            raise ValueError(f"fedmrl.d1 ({self.d1}) must be at most fedmrl.d2 ({self.d2}): G's head reads a prefix "
+                             f"of the d2-dimensional fused representation")
+        return self
 
 
 class BaselineConfig(_Section):
@@ -263,6 +298,68 @@ class SubmodelConfig(_Section):
         if not v or any(not 0 < r <= 1 for r in v) or v != sorted(set(v)):
             raise ValueError("must be strictly increasing densities in (0, 1]")
         return v
+
+
+class ClusteringConfig(_Section):
+    """Clustered FL: one model per cluster on the server (fedgmr.strategy.clustered;
+    docs/methods/ifca.md, docs/methods/cfl.md).
+
+    kind: ``none``, ``ifca`` (k models, each client takes the one with the lowest loss on
+        its data) or ``cfl`` (Sattler et al.'s bipartitioning; synchronous only).
+    k: IFCA's number of cluster models (4: IFCA's rotated-MNIST setting).
+    eps1, eps2: CFL splits a cluster when the norm of its mean update is below ``eps1``
+        and its largest update norm above ``eps2`` (0.4 and 1.6: Sattler's reference code).
+    min_size: CFL splits only clusters of more than this many clients (reference: 2).
+    warmup: CFL splits nothing in rounds 1..warmup (reference: 20).
+    loss_samples: IFCA scores the k models on the first this many samples of a client's
+        training shard (null: all of it, as the paper; a cap makes each job cheaper).
+    """
+
+    kind: str = "none"
+    k: int = Field(4, ge=1)
+    eps1: float = Field(0.4, gt=0)
+    eps2: float = Field(1.6, gt=0)
+    min_size: int = Field(2, ge=1)
+    warmup: int = Field(20, ge=0)
+    loss_samples: int | None = Field(None, ge=1)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        from fedgmr.strategy.clustered import CLUSTERINGS
+
+        if v != "none":
+            _check_known([v], CLUSTERINGS, "clustering")
+        return v
+
+
+#: client methods that train the model they are sent, so that a clustered server can send a cluster's
+CLUSTERED_CLIENTS = ("sgd", "fedprox", "ditto", "fedbn")
+
+
+def _check_clustering(cfg: "ExperimentConfig") -> None:
+    """Combinations clustered FL cannot run (ValueError, one line)."""
+    kind = cfg.clustering.kind
+    if kind == "none":
+        return
+    agg = cfg.aggregation
+    if cfg.local.algorithm not in CLUSTERED_CLIENTS:
+        raise ValueError(f"clustering.kind {kind!r} sends each client a cluster model to train: local.algorithm "
+                         f"must be one of {', '.join(CLUSTERED_CLIENTS)}, not {cfg.local.algorithm!r}")
+    if kind == "cfl" and cfg.coordination.mode != "sync":
+        raise ValueError("clustering.kind 'cfl' is synchronous-only (a split compares every member's update of one "
+                         "round): set coordination.mode: sync (e.g. method=cfl or fedgmr_wo_asyn)")
+    if cfg.network.ims:
+        raise ValueError(f"clustering.kind {kind!r} sends per-cluster models, which IMS cannot multicast as one "
+                         f"model's blocks: set network.ims: false")
+    if agg.bn_stats == "server":
+        raise ValueError(f"clustering.kind {kind!r} keeps BatchNorm statistics per cluster: aggregation.bn_stats "
+                         f"'server' re-estimates one global model's")
+    if agg.max_update_norm is not None or agg.update_norm_multiple is not None:
+        raise ValueError(f"clustering.kind {kind!r}: the update-norm bounds measure updates from the global model, "
+                         f"not a cluster's: unset aggregation.max_update_norm and update_norm_multiple")
+    if getattr(getattr(cfg, "distill", None), "server", False):
+        raise ValueError(f"clustering.kind {kind!r} cannot combine with distill.server (one global model)")
 
 
 class StalenessConfig(_Section):
@@ -467,6 +564,65 @@ class RunConfig(_Section):
         return self
 
 
+class ProxyConfig(_Section):
+    """Unlabelled proxy / public data for federated distillation: the first ``size``
+    samples of a registered data set's ``split`` (labels are never used)."""
+
+    name: str | None = None
+    root: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    split: Literal["train", "test"] = "train"
+    size: int = Field(1000, ge=1)
+
+
+class DistillConfig(_Section):
+    """Federated distillation (docs/methods/feddf.md, docs/methods/fedmd.md).
+
+    server: FedDF's server-side ensemble distillation after every ``every``-th aggregation.
+    proxy: the unlabelled proxy (FedDF) / public (FedMD) data.
+    temperature, steps, batch_size, lr: the distillation (Adam, a fresh optimiser each time):
+        server steps per distillation (FedDF) or digest steps per client job (FedMD).
+    loss: ``kl`` (T^2 KL to the soft targets) or ``mse`` (on the softened probabilities; FedMD only).
+    val_every, patience: FedDF's early stopping on the server's validation split (null: off).
+    seconds_per_step: virtual seconds one server distillation step adds to the aggregation
+        (0: free, as FedDF's paper assumes).
+    """
+
+    server: bool = False
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    temperature: float = Field(1.0, gt=0)
+    steps: int = Field(20, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    loss: Literal["kl", "mse"] = "kl"
+    every: int = Field(1, ge=1)
+    val_every: int | None = Field(None, ge=1)
+    patience: int = Field(2, ge=1)
+    seconds_per_step: float = Field(0.0, ge=0)
+
+
+def _check_distill(cfg: "ExperimentConfig") -> None:
+    """Combinations federated distillation cannot run (ValueError, one line)."""
+    d, fedmd = cfg.distill, cfg.local.algorithm == "fedmd"
+    if d.server and fedmd:
+        raise ValueError("distill.server (FedDF) distils a global model, which local.algorithm 'fedmd' does not "
+                         "have: use one of them")
+    if (d.server or fedmd) and d.proxy.name is None:
+        raise ValueError("federated distillation needs proxy data: set distill.proxy.name (e.g. fashion_mnist, "
+                         "digits)")
+    if d.server and cfg.local.algorithm in ("scaffold", "fedbn"):
+        raise ValueError(f"distill.server (FedDF) is not supported with local.algorithm "
+                         f"{cfg.local.algorithm!r} (its teachers need each client's whole model)")
+    if d.server and cfg.aggregation.rule in ("ga_delta", "fiarse"):
+        raise ValueError(f"distill.server (FedDF) needs the clients' models as teachers; aggregation.rule "
+                         f"{cfg.aggregation.rule!r} receives deltas")
+    if fedmd and (cfg.coordination.mode != "sync" or cfg.submodel.policy != "full"):
+        raise ValueError("local.algorithm 'fedmd' exchanges logits, not sub-models: it runs synchronous on full "
+                         "local models (method=fedmd)")
+    if d.loss == "mse" and d.server:
+        raise ValueError("distill.loss 'mse' is FedMD's; FedDF (distill.server) distils with kl")
+
+
 class ExperimentConfig(_Section):
     """A whole experiment."""
 
@@ -478,12 +634,15 @@ class ExperimentConfig(_Section):
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
+    fedmrl: FedMRLConfig = Field(default_factory=FedMRLConfig)
     submodel: SubmodelConfig = Field(default_factory=SubmodelConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)
     restoration: RestorationConfig = Field(default_factory=RestorationConfig)
     coordination: CoordinationConfig = Field(default_factory=CoordinationConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     run: RunConfig = Field(default_factory=lambda: RunConfig(max_steps=100))
+    distill: DistillConfig = Field(default_factory=DistillConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ExperimentConfig":
@@ -503,6 +662,8 @@ class ExperimentConfig(_Section):
             if self.coordination.mode != "sync":
                 raise ValueError("local.algorithm 'scaffold' is synchronous-only (a stale delta_c has no theory): "
                                  "set coordination.mode: sync (e.g. method=fedgmr_wo_asyn)")
+        _check_distill(self)
+        _check_clustering(self)
         n = self.clients.num_clients
         tiers = self.clients.heterogeneity
         if isinstance(tiers, list) and len(tiers) != n:

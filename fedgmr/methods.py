@@ -75,6 +75,39 @@ for _m in [
 ]:
     METHODS.register(_m.name, _m)
 
+# FedMRL (docs/methods/fedmrl.md): FedAvg's server on the shared small model G; each client's heterogeneous F_i and
+# projector P_i stay local. standalone: every client trains its own F_i alone (the paper's "Standalone").
+for _m in [
+    Method("fedmrl", "FedMRL: shared small model G averaged, local F_i + projector P_i, Matryoshka heads (fedmrl.*)",
+           {**_FEDAVG, "local.algorithm": "fedmrl"}),
+    Method("standalone", "Standalone: each client trains its own model F_i (fedmrl.widths), never aggregated",
+           {**_FEDAVG, "local.algorithm": "standalone"}),
+    Method("local_only", "Local-only: each client trains its own copy of the run's model, never aggregated",
+           {**_FEDAVG, "local.algorithm": "local_sgd"}),
+]:
+    METHODS.register(_m.name, _m)
+
+# Federated distillation (docs/methods/feddf.md, fedmd.md): FedDF's server-side ensemble distillation on FedAvg's
+# and on FedGMR's server; FedMD's logit exchange (synchronous, full local models). Each needs distill.proxy.
+for _m in [
+    Method("feddf", "FedDF: FedAvg plus server-side ensemble distillation on unlabelled proxy data (distill.*)",
+           {**_FEDAVG, "distill.server": True}),
+    Method("fedgmr_df", "FedGMR plus FedDF's server-side ensemble distillation, teachers under their masks",
+           {"distill.server": True}),
+    Method("fedmd", "FedMD: clients exchange logits on public data, digest the consensus, keep their own models",
+           {**_FEDAVG, "local.algorithm": "fedmd"}),
+]:
+    METHODS.register(_m.name, _m)
+
+# Clustered FL (docs/methods/ifca.md, cfl.md): FedAvg's synchronous full-model server with one model per cluster.
+for _m in [
+    Method("ifca", "IFCA: k cluster models, each client trains the one with the lowest loss on its data (clustering.k)",
+           {**_FEDAVG, "clustering.kind": "ifca"}),
+    Method("cfl", "CFL (Sattler et al.): clusters split in two by the cosine similarity of client updates "
+           "(clustering.eps1/eps2)", {**_FEDAVG, "clustering.kind": "cfl"}),
+]:
+    METHODS.register(_m.name, _m)
+
 # Model-heterogeneous baselines (docs/reference.md §7, docs/methods/): the original synchronous form, "+Aux" (the
 # semi-asynchronous buffered workflow with IMS where masks are nested) and "+Aux+GMR".
 _BASELINES: dict[str, tuple[str, dict[str, Any]]] = {

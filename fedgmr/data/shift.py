@@ -58,6 +58,23 @@ for _name, _fn in (("none", _none), ("invert", _invert), ("rotate", _rotate), ("
     FEATURE_SHIFTS.register(_name, _fn)
 
 
+def _exact_rotation(quarter_turns: int) -> Shift:
+    """Counter-clockwise rotation by ``quarter_turns`` x 90 degrees, exact (``torch.rot90``;
+    square images only: the clustered-FL rotated-MNIST setting, docs/methods/ifca.md)."""
+
+    def rotate(x: torch.Tensor, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
+        if x.shape[-1] != x.shape[-2]:
+            raise ConfigError(f"feature shift 'rot{90 * quarter_turns}' needs square images, got "
+                              f"{tuple(x.shape[-2:])}")
+        return torch.rot90(x, quarter_turns, dims=(-2, -1))
+
+    return rotate
+
+
+for _k in range(4):  # rot0 (the identity), rot90, rot180, rot270
+    FEATURE_SHIFTS.register(f"rot{90 * _k}", _exact_rotation(_k))
+
+
 def _generator(seed: int, stream: int, index: int) -> torch.Generator:
     state = np.random.SeedSequence([int(seed), 0x5F1F7, stream, index]).generate_state(1, dtype=np.uint32)[0]
     return torch.Generator().manual_seed(int(state))

@@ -30,6 +30,7 @@ from fedgmr.sim.executor import ClientWorkload, Executor, SerialExecutor
 from fedgmr.sim.executors import make_process_executor, make_ray_executor
 from fedgmr.sim.network import Network, tier_densities
 from fedgmr.sim.simulator import ComputeModel, Coordination, Simulator
+from fedgmr.strategy.distill import attach_public, distill_half
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.server_halves import server_half
 from fedgmr.training.evaluate import evaluate
@@ -71,8 +72,22 @@ class Experiment:
     executor: Executor
 
 
+def bound_client_method(cfg: ExperimentConfig, data: FederatedData) -> Any:
+    """The configured client method (``local.algorithm``), bound to the whole config when
+    it needs more than its ``local`` section (FedMRL: ``bind(cfg, data)``)."""
+    from fedgmr.training.client_methods import client_method
+
+    method = client_method(cfg.local)
+    bind = getattr(method, "bind", None)
+    return method if bind is None else bind(cfg, data)
+
+
 def model_factory(cfg: ExperimentConfig, data: FederatedData) -> Callable[[], nn.Module]:
-    """A zero-argument builder of the configured model."""
+    """A zero-argument builder of the run's global model: the configured model, or the
+    shared model a client method defines (FedMRL's small model G)."""
+    shared = getattr(bound_client_method(cfg, data), "shared_model", None)
+    if shared is not None:
+        return shared
 
     def build() -> nn.Module:
         return build_model(cfg.model.name, data.num_classes, data.input_shape, **cfg.model.options)
@@ -147,11 +162,10 @@ def build_workload(cfg: ExperimentConfig, data: FederatedData, partition: Partit
                    trainer: Any = None) -> ClientWorkload:
     """The client side of a run: each client's data shards, one model to train on and the
     configured client method (``local.algorithm``)."""
-    from fedgmr.training.client_methods import client_method
-
     splits = client_splits(cfg, data, partition)
     return ClientWorkload(model_factory(cfg, data), splits.train, splits.val, train_settings(cfg, data),
-                          trainer=trainer, client_method=None if trainer is not None else client_method(cfg.local))
+                          trainer=trainer,
+                          client_method=None if trainer is not None else bound_client_method(cfg, data))
 
 
 def wants_client_validation(cfg: ExperimentConfig) -> bool:
@@ -164,10 +178,14 @@ def full_payload_nbytes(space: ParamSpace) -> int:
     return payload_nbytes(space.numel)
 
 
-def byte_scale(cfg: ExperimentConfig, space: ParamSpace) -> float:
-    """Factor on every payload so that the full model weighs ``network.model_size_mb``."""
+def byte_scale(cfg: ExperimentConfig, space: ParamSpace, full_numel: int | None = None) -> float:
+    """Factor on every payload so that the full model weighs ``network.model_size_mb``
+    (``full_numel``: the full model's size when it is not the global model's, e.g.
+    FedMRL's full-width local model beside its small shared G)."""
     size = cfg.network.model_size_mb
-    return 1.0 if size is None else size * 1e6 / full_payload_nbytes(space)
+    if size is None:
+        return 1.0
+    return size * 1e6 / (full_payload_nbytes(space) if full_numel is None else payload_nbytes(full_numel))
 
 
 def mask_costs(cfg: ExperimentConfig, space: ParamSpace, model: nn.Module,
@@ -270,6 +288,21 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     if half_cls is not None:
         strategy_cls = half_cls
     extra.update(half_kwargs)
+    distill_cls, distill_kwargs, proxy = distill_half(  # federated distillation (FedDF, FedMD)
+        cfg, data, factory, space, device, lambda: client_splits(cfg, data, partition).server_val, baseline)
+    if distill_cls is not None:
+        strategy_cls = distill_cls
+    extra.update(distill_kwargs)
+    if cfg.clustering.kind != "none":  # clustered FL (IFCA, CFL): one model per cluster on FedGMR's server
+        from fedgmr.strategy.clustered import clustering_half
+
+        if baseline is not None or strategy_cls is not MaskedBufferedStrategy:
+            what = (f"submodel.policy {cfg.submodel.policy!r} (a width baseline)" if baseline is not None
+                    else f"{strategy_cls.__name__}")
+            raise ConfigError(f"clustering.kind {cfg.clustering.kind!r} needs FedGMR's own server; {what} brings "
+                              f"its own")
+        strategy_cls, cluster_kwargs = clustering_half(cfg, factory, streams.init, device)
+        extra.update(cluster_kwargs)
     if agg.bn_stats == "server" and "bn_stats" not in extra and get_buffers(model):
         if len(partition.server_val) == 0:
             raise ConfigError("aggregation.bn_stats 'server' needs a server validation split (data.val_fraction > 0)")
@@ -292,6 +325,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
+    workload.choice_samples = cfg.clustering.loss_samples  # IFCA's loss on at most this many samples
+    attach_public(cfg, workload, proxy)
 
     eval_model = factory().to(device)
     shared = client_splits(cfg, data, partition)
@@ -303,21 +338,34 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         set_buffers(eval_model, bufs)
         return evaluate(eval_model, sx, sy, data.task, data.pad_index)
 
+    method = workload.client_method
+    sims: list[Simulator] = []  # the simulator, once it exists (its client states are read at each evaluation)
+
+    def evaluate_personal(own: Any, bufs: Any, sx: torch.Tensor, sy: torch.Tensor) -> tuple[float, float]:
+        """A client's own model: global-architecture weights, or a module of its own (FedMRL)."""
+        if isinstance(own, nn.Module):
+            return evaluate(own.to(device), sx, sy, data.task, data.pad_index)
+        return evaluate_split(own, bufs, sx, sy)
+
     def evaluator(flat: torch.Tensor, bufs: dict[str, torch.Tensor], split: str) -> tuple[float, float]:
         sx, sy = splits[split]
         if len(sy) == 0:
             raise ConfigError(f"the {split} split is empty (check data.val_fraction)")
+        if cfg.local.algorithm == "fedmd" and sims:  # no global model: the mean over the client models
+            held = sims[0].published_states
+            scores = [evaluate_split(*method.personal_model(eval_model, space, flat, bufs, held.get(c, {})), sx, sy)
+                      for c in range(n)]
+            return sum(a for a, _ in scores) / n, sum(loss for _, loss in scores) / n
         return evaluate_split(flat, bufs, sx, sy)
-
-    method = workload.client_method
-    sims: list[Simulator] = []  # the simulator, once it exists (its client states are read at each evaluation)
 
     def personal_models(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> list[tuple[Any, Any]]:
         """Each client's own model: the global one, or its personal model (Ditto, FedBN)."""
         if method is None or not sims:
             return [(flat, bufs)] * n
         held = sims[0].client_states
-        return [method.personal_model(eval_model, space, flat, bufs, held.get(c, {})) for c in range(n)]
+        own = getattr(strategy, "client_models", None)  # a clustered server: each client's cluster model
+        models = own(sims[0].published_version) if own is not None else [(flat, bufs)] * n
+        return [method.personal_model(eval_model, space, p, b, held.get(c, {})) for c, (p, b) in enumerate(models)]
 
     diagnostics = Diagnostics(
         evaluate_test=lambda flat, bufs: evaluator(flat, bufs, "test")[0],
@@ -328,6 +376,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         level_every=cfg.run.level_eval_every, client_every=cfg.run.client_eval_every,
         personal_splits=shared.test if cfg.run.personal_eval_every else [],
         personal_models=personal_models, personal_every=cfg.run.personal_eval_every,
+        evaluate_personal=evaluate_personal,
         coverage_stats=strategy.coverage_stats, client_levels=lambda: list(strategy.ladder.levels),
         coverage_every=cfg.run.coverage_eval_every)
 
@@ -343,15 +392,21 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
 
     if net.compute.speeds is not None and len(net.compute.speeds) != n:
         raise ConfigError(f"network.compute.speeds lists {len(net.compute.speeds)} speeds for {n} clients")
-    compute = ComputeModel(net.compute.kind, net.compute.seconds_per_round, net.compute.speeds, flops_fraction)
+    # a client method that trains more than the global model (FedMRL: G + F_i + P_i) times its jobs itself
+    job_work = getattr(method, "job_work", None) if net.compute.kind == "flops" else None
+    client_work = None if job_work is None else [job_work(c, example) for c in range(n)]
+    compute = ComputeModel(net.compute.kind, net.compute.seconds_per_round, net.compute.speeds, flops_fraction,
+                           client_work)
     coord = Coordination(cfg.coordination.mode, cfg.coordination.trigger, cfg.coordination.k,
                          cfg.coordination.deadline_slack, cfg.clients.concurrency, cfg.coordination.server_time,
                          net.ims)
     check = cfg.restoration.check_interval
+    full_numel = method.reference_numel() if hasattr(method, "reference_numel") else None
     executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)  # last: nothing below can leak its workers
     try:
         sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
-                        cfg.run.eval_every, check, byte_scale(cfg, space), wants_client_validation(cfg), on_record,
+                        cfg.run.eval_every, check, byte_scale(cfg, space, full_numel), wants_client_validation(cfg),
+                        on_record,
                         cfg.run.eval_interval, diagnostics if diagnostics.enabled else None,
                         eval_from=cfg.run.eval_from or 0.0)
     except BaseException:

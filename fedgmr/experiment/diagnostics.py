@@ -67,6 +67,9 @@ class Diagnostics:
     personal_splits: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     personal_models: Callable[[torch.Tensor, dict[str, torch.Tensor]], list[tuple[Any, Any]]] | None = None
     personal_every: int | None = None
+    #: ``evaluate_personal(own, buffers, x, y)`` -> (accuracy, loss) for one of
+    #: ``personal_models``' pairs (None: :attr:`evaluate_split`); FedMRL's own models are modules
+    evaluate_personal: Callable[[Any, Any, torch.Tensor, torch.Tensor], tuple[float, float]] | None = None
     #: changes whenever some client's state changed (personal models move without a new version)
     personal_stamp: Callable[[], Any] = lambda: 0
     #: the last aggregation's coverage record keys and each client's current ladder level
@@ -113,7 +116,8 @@ class Diagnostics:
     def _personal(self, params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> dict[str, Any]:
         assert self.personal_models is not None
         models = self.personal_models(params, buffers)
-        accs = [self.evaluate_split(p, b, x, y)[0] if len(y) else None
+        score = self.evaluate_personal or self.evaluate_split
+        accs = [score(p, b, x, y)[0] if len(y) else None
                 for (p, b), (x, y) in zip(models, self.personal_splits)]
         return {**personal_summary([a for a in accs if a is not None]), "personal_accuracies": accs}
 

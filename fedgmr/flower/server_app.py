@@ -49,6 +49,9 @@ def refuse_client_state(cfg: Any) -> None:
     from fedgmr.errors import ConfigError
     from fedgmr.training.client_methods import client_method
 
+    if cfg.clustering.kind != "none":  # several models per job and cluster state: the Flower payload carries one
+        raise ConfigError(f"clustering.kind {cfg.clustering.kind!r} sends per-cluster models, which the Flower "
+                          f"runtime does not carry yet; run it in the simulator (fedgmr run)")
     method = client_method(cfg.local)
     if method.stateful or method.needs_extras or method.returns_extras:
         raise ConfigError(f"local.algorithm {cfg.local.algorithm!r} keeps client state between jobs, which the "

@@ -38,6 +38,9 @@ class TrainJob:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     #: the client's state from its previous job (empty: none yet, or a stateless method)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: more models beside (start, buffers) (IFCA's other cluster models): the job trains
+    #: the one with the lowest loss on the client's data (fedgmr.training.model_choice)
+    alternatives: tuple[tuple[torch.Tensor, dict[str, torch.Tensor]], ...] = ()
 
     def to(self, device: torch.device | str) -> "TrainJob":
         """The job with its tensors on ``device`` (itself when they are there already)."""
@@ -45,10 +48,13 @@ class TrainJob:
         mask = None if self.mask is None else self.mask.to(device)
         up = None if self.upload_mask is None else self.upload_mask.to(device)
         extras, state = to_device(self.extras, device), to_device(self.state, device)
+        alts = tuple((p.to(device), to_device(b, device)) for p, b in self.alternatives)
         if start is self.start and buffers is self.buffers and mask is self.mask and up is self.upload_mask \
-                and extras is self.extras and state is self.state:
+                and extras is self.extras and state is self.state \
+                and all(p is q and b is c for (p, b), (q, c) in zip(alts, self.alternatives)):
             return self
-        return replace(self, start=start, buffers=buffers, mask=mask, upload_mask=up, extras=extras, state=state)
+        return replace(self, start=start, buffers=buffers, mask=mask, upload_mask=up, extras=extras, state=state,
+                       alternatives=alts)
 
 
 @dataclass
@@ -122,8 +128,15 @@ class ClientWorkload:
         job = job.to(getattr(self, "device", "cpu"))
         x, y = self.client_data[job.client_id]
         val = self.client_val[job.client_id] if job.validate else None
+        choice: dict[str, torch.Tensor] = {}
+        if job.alternatives:  # several models offered (IFCA): train the one with the lowest loss
+            from fedgmr.training.model_choice import choose_model
+
+            job, losses = choose_model(self, job, x, y)
+            choice["model_losses"] = losses
         state: dict[str, torch.Tensor] | None = None
         extras: dict[str, torch.Tensor] = {}
+        raw: dict[str, torch.Tensor] = {}  # vectors sent as they are (FedMD's logits)
         buffers_sent: tuple[str, ...] | None = None
         method = getattr(self, "client_method", None)
         if getattr(self, "trainer", None) is not None:
@@ -131,6 +144,7 @@ class ClientWorkload:
         elif method is not None:
             res = method.train(self, job, x, y, val)
             out, state, extras, buffers_sent = res.outcome, res.state, res.extras, res.send_buffers
+            raw = res.raw_extras
         else:
             out = masked_local_training(self.model, self.space, job.start, job.buffers, job.mask, x, y,
                                         self.settings, job.seed, val, self.optimizer)
@@ -142,6 +156,8 @@ class ClientWorkload:
             if job.kind == "delta":
                 values = values - gather(job.start, up)
         sent = {k: v if up is None else gather(v, up) for k, v in extras.items()}
+        sent.update(choice)  # not a vector over the parameters: sent as it is
+        sent.update(raw)
         buffers = out.buffers if buffers_sent is None else {k: out.buffers[k] for k in buffers_sent}
         return JobResult(job.client_id, job.version, values, buffers, out.num_samples,
                          out.loss, out.val_score, out.num_processed, state, sent)

@@ -58,19 +58,30 @@ class Coordination:
 @dataclass
 class ComputeModel:
     """Training time of one local round: a constant, or proportional to the sub-model's
-    FLOPs (relative to the full model) divided by a per-client speed."""
+    FLOPs (relative to the full model) divided by a per-client speed. ``client_work``:
+    each client's job FLOPs relative to the full model, where a client method trains
+    more than the global model (FedMRL: G, F_i and P_i); it replaces the mask's fraction."""
 
     kind: Literal["constant", "flops"] = "constant"
     seconds: float = 0.5
     speeds: Sequence[float] | None = None
     flops_fraction: Callable[[torch.Tensor], float] | None = None
+    client_work: Sequence[float] | None = None
 
     def time(self, client: int, mask: torch.Tensor | None) -> float:
         if self.kind == "constant":
             return self.seconds
-        frac = 1.0 if mask is None or self.flops_fraction is None else self.flops_fraction(mask)
+        if self.client_work is not None:
+            frac = float(self.client_work[client])
+        else:
+            frac = 1.0 if mask is None or self.flops_fraction is None else self.flops_fraction(mask)
         speed = 1.0 if self.speeds is None else float(self.speeds[client])
         return self.seconds * frac / speed
+
+
+def _vector_bytes(values: int) -> float:
+    """Bytes of a payload of ``values`` plain float32 values (nothing to send: 0)."""
+    return float(payload_nbytes(values)) if values else 0.0
 
 
 @dataclass
@@ -205,6 +216,11 @@ class Simulator:
     def step(self) -> int:
         return self.strategy.version
 
+    @property
+    def published_version(self) -> int:
+        """The version of the model grid evaluations see (the newest finished aggregation)."""
+        return self._published[0]
+
     # ------------------------------------------------------------------ dispatch
     def _dispatch(self, clients: Sequence[int]) -> None:
         if not clients:
@@ -219,7 +235,13 @@ class Simulator:
         block_bytes: list[float] = []
         # vectors sent beside the model (SCAFFOLD's c) travel on the same coordinates
         vectors = 1 + max((len(a.extras) for a in assignments), default=0)
-        if self.coord.ims and self.strategy.policy.nested:
+        if any(a.wire_values is not None for a in assignments):  # plain vectors (FedMD's logits), one each
+            for a in assignments:
+                blocks.append([len(block_bytes)])
+                block_bytes.append(_vector_bytes(a.wire_values[0] if a.wire_values else 0))
+        elif self.coord.ims and self.strategy.policy.nested \
+                and not any(a.start is not None or a.alternatives for a in assignments):
+            # (per-client models, as a clustered method sends, are not one model's blocks: no multicast)
             incs = self.strategy.policy.increments()
             top_changed = max((a.level for a in assignments if a.mask_changed), default=-1)
             block_bytes = [self._payload(vectors * mask_count(b), b if i <= top_changed else None)
@@ -228,20 +250,24 @@ class Simulator:
         else:
             for a in assignments:
                 blocks.append([len(block_bytes)])
-                block_bytes.append(self._payload(vectors * mask_count(a.mask), a.mask if a.mask_changed else None))
+                models = 1 + len(a.alternatives)  # IFCA: every cluster model travels
+                block_bytes.append(self._payload((vectors + models - 1) * mask_count(a.mask),
+                                                 a.mask if a.mask_changed else None))
         self.bytes_down += sum(block_bytes[b] for b in sorted({b for bl in blocks for b in bl}))
         self.downloads += len(assignments)
         finish = self.network.download_wave(self.now, clients, blocks, block_bytes)
         for a in assignments:
             c = a.client_id
             full_mask = mask_count(a.mask) == a.mask.numel()
-            job = TrainJob(c, a.version, job_seed(self.seed, c, self.dispatches[c]), start, buffers,
+            job_start, job_buffers = a.start if a.start is not None else (start, buffers)
+            job = TrainJob(c, a.version, job_seed(self.seed, c, self.dispatches[c]), job_start, job_buffers,
                            None if full_mask else a.mask, a.consumes, self.client_validation, a.upload_mask,
-                           dict(a.extras), self.client_states.get(c, {}))
+                           dict(a.extras), self.client_states.get(c, {}), a.alternatives)
             self.dispatches[c] += 1
             handle = self.executor.submit(job)
             # values only (the server knows the mask), and any vectors the reply carries beside them
-            up_bytes = self._payload((1 + len(a.reply_extras)) * mask_count(a.reply_mask))
+            up_bytes = (self._payload((1 + len(a.reply_extras)) * mask_count(a.reply_mask)) if a.wire_values is None
+                        else _vector_bytes(a.wire_values[1]))
             train_done = finish[c] + self.compute.time(c, None if full_mask else a.mask)
             self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, a.density)
             self._push(train_done, "upload", c)
@@ -325,7 +351,7 @@ class Simulator:
         self.deadline_epoch += 1  # a deadline armed before this aggregation is void
         self.deadline_armed = False
         self.deadline_passed = False
-        self._push(self.now + self.coord.server_time, "server_free")
+        self._push(self.now + self.coord.server_time + report.server_seconds, "server_free")
         self.last_step_stats = {
             "staleness_mean": sum(report.staleness) / len(report.staleness) if report.staleness else 0.0,
             "used": len(report.used),
@@ -360,8 +386,10 @@ class Simulator:
                 self._since_record["val"] = val_score
 
     def _publish(self) -> None:
-        """The strategy's current model becomes the one grid evaluations see."""
+        """The strategy's current model becomes the one grid evaluations see (with the
+        clients' states of that moment: FedMD's accuracy is its client models')."""
         self._published = (self.strategy.version, self.strategy.params, self.strategy.buffers)
+        self.published_states = dict(self.client_states)
 
     def _test_score(self) -> tuple[float, float]:
         """Accuracy and loss of the published model, evaluated once per model version."""
@@ -387,6 +415,7 @@ class Simulator:
             "min_coverage": self.strategy.min_coverage(),
             "rejected": self.strategy.rejected,
         }
+        rec.update(self.strategy.record_keys(self._published[0]))  # e.g. cluster assignments
         if self.diagnostics is not None:
             rec.update(self.diagnostics(self.records, *self._published))
         self.records += 1

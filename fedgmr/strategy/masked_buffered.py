@@ -419,6 +419,7 @@ class MaskedBufferedStrategy:
             # in-flight jobs may share the old vector without copying it
             new_params = self._server_step(self.params, self.rule(self.params, updates, weights))
             new_buffers = self._fold_buffers(used, weights) if self.bn_stats is None else self.buffers
+            new_params, new_buffers = self._fuse(new_params, new_buffers, used)
             if self._finite(new_params, new_buffers):
                 self.params, self.buffers = new_params, new_buffers
             else:  # last resort (validated updates should never get here): keep the model
@@ -446,6 +447,12 @@ class MaskedBufferedStrategy:
                 self._pending.pop(c, None)
         return report
 
+    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The aggregated model after server-side fusion (a subclass may distil it from the
+        updates used, e.g. FedDF); returns new tensors or the ones given."""
+        return params, buffers
+
     def _server_step(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """The new global model from the rule's result (a subclass may scale the step,
         e.g. SCAFFOLD's server learning rate); returns a new tensor."""
@@ -456,24 +463,32 @@ class MaskedBufferedStrategy:
         return bool(torch.isfinite(params).all()) and all(
             bool(torch.isfinite(b).all()) for b in buffers.values() if b.is_floating_point())
 
-    def _fold_buffers(self, used: list[_Entry], weights: list[float]) -> dict[str, torch.Tensor]:
-        """BatchNorm statistics after an aggregation, by :attr:`bn_rule`."""
-        if not self.buffers:
-            return self.buffers
+    def _fold_buffers(self, used: list[_Entry], weights: list[float],
+                      base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """BatchNorm statistics after an aggregation, by :attr:`bn_rule`, from ``base``
+        (None: the global model's; a clustered method passes a cluster model's)."""
+        base = self.buffers if base is None else base
+        if not base:
+            return base
         if self.rule.sequential:  # FedAsync: the statistics are mixed like the weights
-            out = {k: v.clone() for k, v in self.buffers.items()}
+            out = {k: v.clone() for k, v in base.items()}
             for e, a in zip(used, weights):
                 out = average_buffers([out, e.buffers], [1.0 - a, a], out)
             return out
         if self.bn_rule == "full":
             pairs = [(e, w) for e, w in zip(used, weights) if e.density >= 1.0]
             if not pairs:
-                return self.buffers
-            return average_buffers([e.buffers for e, _ in pairs], [w for _, w in pairs], self.buffers)
+                return base
+            return average_buffers([e.buffers for e, _ in pairs], [w for _, w in pairs], base)
         if self.bn_rule == "density":
             return average_buffers([e.buffers for e in used], [w * e.density for e, w in zip(used, weights)],
-                                   self.buffers)
-        return average_buffers([e.buffers for e in used], weights, self.buffers)
+                                   base)
+        return average_buffers([e.buffers for e in used], weights, base)
+
+    def record_keys(self, version: int) -> dict[str, Any]:
+        """Extra keys for the metrics record of model ``version`` (a clustered method's
+        assignments); none here."""
+        return {}
 
     def min_coverage(self) -> int:
         """Minimum coverage index Gamma* of the last aggregation (0 when some coordinate

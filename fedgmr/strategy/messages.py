@@ -28,6 +28,16 @@ class Assignment:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     #: names of the vectors the reply must carry beside its values, at the same coordinates
     reply_extras: tuple[str, ...] = ()
+    #: the model the job starts from, (params, buffers) (None: the global model); a
+    #: clustered method sends each client a cluster model
+    start: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
+    #: more models sent beside ``start``, each a whole model on the wire at the mask (IFCA:
+    #: the other cluster models); the client trains the one with the lowest loss on its
+    #: data and reports every loss (``Reply.extras["model_losses"]``, ``start`` first)
+    alternatives: tuple[tuple[torch.Tensor, dict[str, torch.Tensor]], ...] = ()
+    #: (values down, values up) when what travels is not the model on the mask but plain
+    #: vectors (FedMD's logits): counted as they are, never scaled by network.model_size_mb
+    wire_values: tuple[int, int] | None = None
 
     @property
     def reply_mask(self) -> torch.Tensor:
@@ -72,3 +82,5 @@ class StepReport:
     staleness: list[int]
     weights: list[float]
     rejected_total: int
+    #: server work beyond the aggregation, in virtual seconds (FedDF's distillation steps)
+    server_seconds: float = 0.0

@@ -5,13 +5,16 @@ strategy class (None: :class:`MaskedBufferedStrategy`) and extra constructor arg
 * ``scaffold``: :class:`~fedgmr.strategy.scaffold.ScaffoldStrategy` (server control
   variate, ``local.server_lr``);
 * ``fedbn``: BatchNorm parameters are local coordinates (never uploaded or aggregated);
-* the others (``sgd``, ``fedprox``, ``ditto``): nothing - their server is FedAvg's / FedGMR's.
+* ``local_sgd``: :class:`~fedgmr.strategy.local_only.LocalOnlyStrategy` (nothing uploaded or aggregated);
+* ``standalone``: every coordinate is local (nothing is uploaded or aggregated);
+* the others (``sgd``, ``fedprox``, ``ditto``, ``fedmrl``): nothing - their server is FedAvg's / FedGMR's.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 import torch.nn as nn
 
 from fedgmr.algorithm.local_rules import batch_norm_coordinates
@@ -40,8 +43,20 @@ def _fedbn(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[st
     return None, {"local_coords": local}
 
 
+def _standalone(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
+    return None, {"local_coords": torch.ones(space.numel, dtype=torch.bool)}  # nothing is sent or averaged
+
+
+def _local(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
+    from fedgmr.strategy.local_only import LocalOnlyStrategy
+
+    return LocalOnlyStrategy, {}
+
+
 SERVER_HALVES.register("scaffold", _scaffold)
 SERVER_HALVES.register("fedbn", _fedbn)
+SERVER_HALVES.register("local_sgd", _local)
+SERVER_HALVES.register("standalone", _standalone)
 
 
 def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy] | None,

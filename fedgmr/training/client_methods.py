@@ -15,6 +15,14 @@ pruned coordinate stays exactly zero; the extra terms are masked too
     CLIENT_METHODS.register("mine", lambda local: MyClient(...))
 
 State is a flat ``dict[str, Tensor]``; a method whose state is empty is stateless.
+
+Optional hooks, for a method whose clients train more than the global model (FedMRL,
+``fedgmr.training.fedmrl``): ``bind(cfg, data)`` returns the method bound to the whole
+config; ``shared_model()`` builds the run's global model instead of ``model``;
+``reference_numel()`` is the full model's size ``network.model_size_mb`` stands for;
+``job_work(client, example)`` is a job's FLOPs relative to that model (the ``flops``
+compute model); and ``personal_model`` may return ``(module, None)``, a model of the
+client's own architecture.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ class ClientResult:
     state: dict[str, torch.Tensor] | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     send_buffers: tuple[str, ...] | None = None
+    #: vectors sent back as they are, not at the upload mask (FedMD's logits)
+    raw_extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ClientMethod(Protocol):
@@ -227,6 +237,35 @@ class FedBNClient(SGDClient):
         return self._localise(model, space, params, buffers, state)
 
 
+@dataclass(frozen=True)
+class LocalClient(SGDClient):
+    """``local_sgd``: local training only, on the run's own model (any architecture; the
+    FedMRL family's ``standalone`` needs a representation model). The client trains its
+    own model, which never leaves it (the server's upload mask is empty). State: ``w`` and
+    its buffers; the first job starts from the model the server sent (the common
+    initialisation)."""
+
+    stateful: ClassVar[bool] = True
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        state = job.state or {}
+        start = state["w"].to(job.start.device) if "w" in state else job.start
+        bufs = {k: state.get(f"buf/{k}", b).to(b.device) for k, b in job.buffers.items()}
+        out = self._train(workload, job, x, y, val, start=start, buffers=bufs)
+        new = {"w": out.params.clone()}
+        new.update({f"buf/{k}": b for k, b in out.buffers.items()})
+        return ClientResult(out, new)
+
+    def personal_model(self, model: nn.Module, space: ParamSpace, params: torch.Tensor,
+                       buffers: dict[str, torch.Tensor],
+                       state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The client's own model (before its first job: the common initialisation)."""
+        if "w" not in state:
+            return params, buffers
+        return state["w"].to(params.device), {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+
+
 #: client methods by name (``local.algorithm``): ``factory(local_config) -> ClientMethod``
 CLIENT_METHODS: Registry[Callable[[Any], ClientMethod]] = Registry("client method")
 CLIENT_METHODS.register("sgd", lambda local: SGDClient(local.stragglers))
@@ -235,6 +274,30 @@ CLIENT_METHODS.register("scaffold", lambda local: ScaffoldClient(local.straggler
 CLIENT_METHODS.register("ditto", lambda local: DittoClient(local.stragglers, local.ditto_lambda,
                                                            local.personal_steps))
 CLIENT_METHODS.register("fedbn", lambda local: FedBNClient(local.stragglers))
+CLIENT_METHODS.register("local_sgd", lambda local: LocalClient(local.stragglers))
+
+
+def _mrl_client(name: str) -> ClientMethod:
+    """FedMRL's and standalone training's clients (fedgmr.training.fedmrl), unbound: they
+    bind to the whole config when a run is built (``bind(cfg, data)``)."""
+    from fedgmr.training import fedmrl
+
+    return getattr(fedmrl, name)()
+
+
+CLIENT_METHODS.register("fedmrl", lambda local: _mrl_client("FedMRLClient"))
+CLIENT_METHODS.register("standalone", lambda local: _mrl_client("StandaloneClient"))
+
+
+def _fedmd(local: Any) -> ClientMethod:
+    """FedMD (fedgmr.training.fedmd); the public data and distillation settings are set
+    when the run is built (fedgmr.strategy.distill.attach_public)."""
+    from fedgmr.training.fedmd import FedMDClient
+
+    return FedMDClient(local.stragglers)
+
+
+CLIENT_METHODS.register("fedmd", _fedmd)
 
 
 def client_method(local: Any) -> ClientMethod:
@@ -243,4 +306,4 @@ def client_method(local: Any) -> ClientMethod:
 
 
 __all__ = ["ClientResult", "ClientMethod", "SGDClient", "FedProxClient", "ScaffoldClient", "DittoClient",
-           "FedBNClient", "CLIENT_METHODS", "client_method"]
+           "FedBNClient", "LocalClient", "CLIENT_METHODS", "client_method"]

@@ -1,0 +1,373 @@
+"""Clustered FL on FedGMR's strategy (``clustering.kind``; docs/methods/ifca.md, cfl.md).
+
+The server keeps one model per cluster and each client's cluster. Every aggregation runs
+the configured rule (MA by default, on masks) *within* each cluster, from that cluster's
+model; ``params`` (what the global ``accuracy``, GMR's validation and the mask ranking
+see) is the model of the cluster with the most clients. Each client's own model (its
+personalised evaluation) is its cluster's model. The math is
+:mod:`fedgmr.algorithm.clustering`.
+
+* :class:`IfcaStrategy`: k models; every job downloads all of them, the client trains the
+  one with the lowest loss on its data and reports the losses; its update joins that
+  cluster.
+* :class:`CflStrategy`: one cluster at the start; a job downloads its cluster's model;
+  after each synchronous round a cluster whose updates meet Sattler's criterion is split
+  in two by the cosine similarity of the updates, on the coordinates every update holds.
+
+Neither knows the runtime: models travel in :class:`~fedgmr.strategy.messages.Assignment`
+(``start``, ``alternatives``), losses in ``Reply.extras``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from fedgmr.algorithm.aggregation import dense
+from fedgmr.algorithm.clustering import (cfl_should_split, cluster_purity, common_coordinates, cosine_similarities,
+                                         lowest_loss, same_partition, split_clients, update_norms)
+from fedgmr.errors import InvalidUpdateError
+from fedgmr.registry import Registry
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
+from fedgmr.strategy.messages import Assignment, Reply, StepReport
+
+log = logging.getLogger(__name__)
+
+Model = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster models and assignments of one model version (what its evaluations see)."""
+
+    models: tuple[torch.Tensor, ...]
+    buffers: tuple[dict[str, torch.Tensor], ...]
+    clusters: tuple[int, ...]  # per client; -1: none yet
+
+
+class ClusteredStrategy(MaskedBufferedStrategy):
+    """:class:`MaskedBufferedStrategy` with one model per cluster.
+
+    cluster_models: initial weights of the clusters after the first (whose weights are
+        ``params``); IFCA's k - 1 other random initialisations, none for CFL.
+    true_groups: each client's true group (the rotation it sees), to score the
+        clustering (``cluster_purity``, ``clusters_recovered`` in the metrics); None: unknown.
+    """
+
+    #: the cluster of each client before its first aggregated update
+    initial_cluster: int = 0
+
+    def __init__(self, *args: Any, cluster_models: Sequence[torch.Tensor] = (),
+                 true_groups: Sequence[int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.bn_stats is not None:
+            raise ValueError("clustered methods keep BatchNorm statistics per cluster: aggregation.bn_stats "
+                             "'server' re-estimates one global model's")
+        if self.bounds_norm:
+            raise ValueError("the update-norm bounds measure updates from the global model, not from a cluster's: "
+                             "unset aggregation.max_update_norm and aggregation.update_norm_multiple")
+        self.models: list[torch.Tensor] = [self.params] + [m.detach().to(self.device, torch.float32).clone()
+                                                           for m in cluster_models]
+        self.model_buffers: list[dict[str, torch.Tensor]] = [self.buffers] + [
+            {k: v.clone() for k, v in self.buffers.items()} for _ in cluster_models]
+        self.clusters: list[int] = [self.initial_cluster] * self.num_clients
+        if true_groups is not None and len(true_groups) != self.num_clients:
+            raise ValueError(f"true_groups lists {len(true_groups)} groups for {self.num_clients} clients")
+        self.true_groups = None if true_groups is None else [int(g) for g in true_groups]
+        self._views: dict[int, ClusterView] = {}
+        self._snapshot()
+
+    # ------------------------------------------------------------------ views
+    def _snapshot(self) -> None:
+        """Record what evaluations of the current version see (the last two versions are
+        kept: an evaluation may see the version before the newest aggregation)."""
+        self._views[self.version] = ClusterView(tuple(self.models), tuple(self.model_buffers), tuple(self.clusters))
+        for v in [v for v in self._views if v < self.version - 1]:
+            del self._views[v]
+
+    def view(self, version: int | None = None) -> ClusterView:
+        """The clusters of model ``version`` (None or unknown: the current ones)."""
+        hit = self._views.get(self.version if version is None else version)
+        return hit if hit is not None else ClusterView(tuple(self.models), tuple(self.model_buffers),
+                                                       tuple(self.clusters))
+
+    def representative(self) -> int:
+        """The cluster with the most clients (ties: the lowest index; none assigned: 0)."""
+        counts = Counter(c for c in self.clusters if c >= 0)
+        if not counts:
+            return 0
+        return min(counts, key=lambda j: (-counts[j], j))
+
+    def client_models(self, version: int | None = None) -> list[Model]:
+        """Each client's own model at ``version``: its cluster's (no cluster yet: the
+        representative one)."""
+        v = self.view(version)
+        counts = Counter(c for c in v.clusters if c >= 0)
+        rep = min(counts, key=lambda j: (-counts[j], j)) if counts else 0
+        return [(v.models[c if c >= 0 else rep], v.buffers[c if c >= 0 else rep]) for c in v.clusters]
+
+    def record_keys(self, version: int) -> dict[str, Any]:
+        v = self.view(version)
+        rec: dict[str, Any] = {"clusters": list(v.clusters), "num_clusters": len({c for c in v.clusters if c >= 0}),
+                               "cluster_models": len(v.models)}
+        if self.true_groups is not None:
+            rec["true_groups"] = list(self.true_groups)
+            rec["cluster_purity"] = cluster_purity(v.clusters, self.true_groups)
+            rec["clusters_recovered"] = same_partition(v.clusters, self.true_groups)
+        return rec
+
+    # ------------------------------------------------------------------ aggregation
+    def _entry_cluster(self, e: _Entry) -> int:
+        """The cluster an update belongs to."""
+        raise NotImplementedError
+
+    def _groups(self, used: list[_Entry]) -> dict[int, list[int]]:
+        """Positions in ``used`` by cluster (CFL may split a cluster here)."""
+        groups: dict[int, list[int]] = {}
+        for i, e in enumerate(used):
+            groups.setdefault(self._entry_cluster(e), []).append(i)
+        return groups
+
+    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Aggregate each cluster's updates into its own model (the global result the base
+        class computed is not used); returns the representative cluster's model."""
+        weights = [self._beta(e, self.staleness(self.version - e.version)) for e in used]
+        for j, idx in sorted(self._groups(used).items()):
+            entries, ws = [used[i] for i in idx], [weights[i] for i in idx]
+            base_p, base_b = self.models[j], self.model_buffers[j]
+            new_p = self._server_step(base_p, self.rule(base_p, [(e.mask, e.values) for e in entries], ws))
+            new_b = self._fold_buffers(entries, ws, base_b)
+            if self._finite(new_p, new_b):
+                self.models[j], self.model_buffers[j] = new_p, new_b
+            else:
+                log.error("aggregation of cluster %d at step %d gave non-finite weights; its model is kept", j,
+                          self.version)
+            for e in entries:
+                self.clusters[e.client_id] = j
+        r = self.representative()
+        return self.models[r], self.model_buffers[r]
+
+    def aggregate(self) -> StepReport:
+        report = super().aggregate()
+        r = self.representative()
+        self.params, self.buffers = self.models[r], self.model_buffers[r]
+        self._snapshot()
+        return report
+
+    # ------------------------------------------------------------------ checkpoints
+    def _cluster_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_cluster_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        state, tensors = super().state_dict()
+        for j, (p, b) in enumerate(zip(self.models, self.model_buffers)):
+            tensors[f"cluster/{j}/params"] = p
+            tensors.update({f"cluster/{j}/buf/{k}": v for k, v in b.items()})
+        state["clustering"] = {"models": len(self.models), "clusters": list(self.clusters), **self._cluster_state()}
+        return state, tensors
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        st = state["clustering"]
+        self.models = [tensors[f"cluster/{j}/params"].to(self.device).clone() for j in range(int(st["models"]))]
+        self.model_buffers = [{k: tensors[f"cluster/{j}/buf/{k}"].to(self.device).clone() for k in self.buffers}
+                              for j in range(int(st["models"]))]
+        self.clusters = [int(c) for c in st["clusters"]]
+        self._load_cluster_state(st)
+        super().load_state_dict(state, tensors)
+        r = self.representative()
+        self.params, self.buffers = self.models[r], self.model_buffers[r]
+        self._views = {}
+        self._snapshot()  # a checkpoint is written right after a step: the current version is the published one
+
+
+class IfcaStrategy(ClusteredStrategy):
+    """IFCA (Ghosh et al., 2020): k cluster models, all sent with every job; the client's
+    update joins the cluster whose model had the lowest loss on its data."""
+
+    initial_cluster = -1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the cluster each received update chose (until it is aggregated or replaced)
+        self._chosen: dict[int, int] = {}
+
+    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
+                    changed: bool) -> Assignment:
+        a = super()._assignment(client_id, version, level, density, mask, changed)
+        models = list(zip(self.models, self.model_buffers))
+        return dataclasses.replace(a, start=models[0], alternatives=tuple(models[1:]))
+
+    def receive(self, reply: Reply) -> bool:
+        losses = reply.extras.get("model_losses") if isinstance(reply.extras, dict) else None
+        if isinstance(reply.client_id, int) and reply.client_id in self._outstanding:
+            k = len(self.models)
+            if not isinstance(losses, torch.Tensor) or losses.shape != (k,) or not losses.is_floating_point() \
+                    or bool(torch.isnan(losses).all()):
+                self.rejected += 1
+                log.warning("rejected update from client %s: an IFCA reply needs model_losses, one loss per "
+                            "cluster model (%d)", reply.client_id, k)
+                return False
+        accepted = super().receive(reply)
+        if accepted:
+            assert losses is not None
+            self._chosen[reply.client_id] = lowest_loss(losses.tolist())
+        return accepted
+
+    def _entry_cluster(self, e: _Entry) -> int:
+        return self._chosen[e.client_id]
+
+    def _cluster_state(self) -> dict[str, Any]:
+        return {"chosen": {str(c): j for c, j in sorted(self._chosen.items())}}
+
+    def _load_cluster_state(self, state: dict[str, Any]) -> None:
+        self._chosen = {int(c): int(j) for c, j in state.get("chosen", {}).items()}
+
+
+class CflStrategy(ClusteredStrategy):
+    """CFL (Sattler et al., 2020): recursive bipartitioning by the cosine similarity of the
+    clients' updates. Synchronous rounds (the split needs every member's update of a round).
+
+    eps1 / eps2: split when the norm of the cluster's mean update is below ``eps1`` and
+        its largest update norm above ``eps2``.
+    min_size: split only clusters of more than this many clients.
+    warmup: split in no round up to this one (rounds counted from 1).
+    """
+
+    def __init__(self, *args: Any, eps1: float = 0.4, eps2: float = 1.6, min_size: int = 2, warmup: int = 20,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not (eps1 > 0 and eps2 > 0 and min_size >= 1 and warmup >= 0):
+            raise ValueError(f"CFL needs eps1, eps2 > 0, min_size >= 1, warmup >= 0 (got {eps1}, {eps2}, "
+                             f"{min_size}, {warmup})")
+        self.eps1, self.eps2, self.min_size, self.warmup = float(eps1), float(eps2), int(min_size), int(warmup)
+        self._dispatched: dict[int, int] = {}  # the cluster each outstanding or received job started from
+        #: each cluster's (mean update norm, max update norm) in the last round it was measured
+        self.norms: dict[int, tuple[float, float]] = {}
+        self.splits: list[dict[str, Any]] = []
+
+    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
+                    changed: bool) -> Assignment:
+        a = super()._assignment(client_id, version, level, density, mask, changed)
+        j = self.clusters[client_id]
+        self._dispatched[client_id] = j
+        return dataclasses.replace(a, start=(self.models[j], self.model_buffers[j]))
+
+    def _entry_cluster(self, e: _Entry) -> int:
+        return self._dispatched[e.client_id]
+
+    def _updates(self, j: int, entries: list[_Entry]) -> torch.Tensor:
+        """The entries' updates from cluster ``j``'s model, on the coordinates all of them
+        hold (n x |common|)."""
+        common = common_coordinates([e.mask for e in entries])
+        base = self.models[j][common].double()
+        rows = []
+        for e in entries:
+            v = dense(e.mask, e.values.double())[common]
+            rows.append(v if self.rule.consumes == "delta" else v - base)
+        return torch.stack(rows)
+
+    def _groups(self, used: list[_Entry]) -> dict[int, list[int]]:
+        groups = super()._groups(used)
+        round_index = self.version + 1
+        for j in sorted(list(groups)):
+            idx = groups[j]
+            entries = [used[i] for i in idx]
+            members = [e.client_id for e in entries]
+            if any(e.version != self.version for e in entries):
+                continue  # (synchronous rounds only: never happens)
+            updates = self._updates(j, entries)
+            mean_norm, max_norm = update_norms(updates)
+            self.norms[j] = (mean_norm, max_norm)
+            if sorted(members) != [c for c in range(self.num_clients) if self.clusters[c] == j]:
+                continue  # split only in a round where every member reported
+            if not cfl_should_split(mean_norm, max_norm, len(members), round_index, self.eps1, self.eps2,
+                                    self.min_size, self.warmup):
+                continue
+            first, second = split_clients(members, cosine_similarities(updates))
+            new = len(self.models)
+            self.models.append(self.models[j])
+            self.model_buffers.append(self.model_buffers[j])
+            position = {c: i for c, i in zip(members, idx)}
+            groups[j] = [position[c] for c in first]
+            groups[new] = [position[c] for c in second]
+            for c in second:
+                self._dispatched[c] = new
+            self.splits.append({"step": self.version, "cluster": j, "into": [first, second],
+                                "mean_norm": mean_norm, "max_norm": max_norm})
+            log.info("CFL split cluster %d at step %d (mean update norm %.4g < %g, max %.4g > %g): %s | %s",
+                     j, self.version, mean_norm, self.eps1, max_norm, self.eps2, first, second)
+        return groups
+
+    def record_keys(self, version: int) -> dict[str, Any]:
+        rec = super().record_keys(version)
+        rec["cfl_splits"] = len(self.splits)
+        return rec
+
+    def _cluster_state(self) -> dict[str, Any]:
+        return {"dispatched": {str(c): j for c, j in sorted(self._dispatched.items())},
+                "norms": {str(j): list(v) for j, v in sorted(self.norms.items())}, "splits": self.splits}
+
+    def _load_cluster_state(self, state: dict[str, Any]) -> None:
+        self._dispatched = {int(c): int(j) for c, j in state.get("dispatched", {}).items()}
+        self.norms = {int(j): (float(v[0]), float(v[1])) for j, v in state.get("norms", {}).items()}
+        self.splits = list(state.get("splits", []))
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        dispatched = dict(state["clustering"].get("dispatched", {}))
+        super().load_state_dict(state, tensors)
+        # rebuilding the outstanding assignments re-recorded their clusters: keep the saved ones
+        self._dispatched = {int(c): int(j) for c, j in dispatched.items()}
+
+
+#: clustered strategies by ``clustering.kind``
+CLUSTERINGS: Registry[type[ClusteredStrategy]] = Registry("clustering")
+CLUSTERINGS.register("ifca", IfcaStrategy)
+CLUSTERINGS.register("cfl", CflStrategy)
+
+
+
+def true_groups(shifts: Sequence[str], num_clients: int) -> list[int] | None:
+    """Each client's true group under ``data.feature_shift`` (client i sees
+    ``shifts[i mod len]``; groups numbered by first appearance); None without shifts."""
+    if not shifts:
+        return None
+    order = list(dict.fromkeys(shifts))
+    return [order.index(shifts[i % len(shifts)]) for i in range(num_clients)]
+
+
+def clustering_half(cfg: Any, factory: Callable[[], torch.nn.Module], init_seed: int,
+                    device: torch.device | str) -> tuple[type[ClusteredStrategy], dict[str, Any]]:
+    """The strategy class of ``clustering.kind`` and its arguments: IFCA's k - 1 further
+    models, each from its own seeded initialisation (the first is the run's own), CFL's
+    thresholds, and the data's true groups."""
+    from fedgmr.algorithm.params import ParamSpace
+
+    c = cfg.clustering
+    cls = CLUSTERINGS.get(c.kind)
+    kwargs: dict[str, Any] = {"true_groups": true_groups(cfg.data.feature_shift, cfg.clients.num_clients)}
+    if cls is IfcaStrategy:
+        models = []
+        for j in range(1, c.k):
+            seed = int(np.random.SeedSequence([int(init_seed), 0xC1A5, j]).generate_state(1, dtype=np.uint32)[0])
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                m = factory()
+            models.append(ParamSpace(m).flatten(m).to(device))
+        kwargs["cluster_models"] = models
+    elif cls is CflStrategy:
+        kwargs.update(eps1=c.eps1, eps2=c.eps2, min_size=c.min_size, warmup=c.warmup)
+    return cls, kwargs
+
+
+__all__ = ["ClusterView", "ClusteredStrategy", "IfcaStrategy", "CflStrategy", "CLUSTERINGS", "true_groups",
+           "clustering_half"]
