@@ -62,12 +62,14 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
     elif sub == "sweep":  # every cell resolves; nothing runs
         check = args + ([] if "--dry-run" in args else ["--dry-run"])
     elif sub == "table":  # exactly as written, on small run directories made where it names them
-        for d in _positional(args[1:]):
-            _fake_runs(tmp_path / d)
+        dirs = _positional(args[1:])
+        for i, d in enumerate(dirs):  # several directories: more seeds of one experiment
+            _fake_runs(tmp_path / d, "docs" if len(dirs) > 1 else None, first_seed=2 * i)
         proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
                               cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
-        assert "mean ± sample std (ddof = 1) across seeds" in proc.stdout and "2 seeds per cell" in proc.stdout
+        assert "mean ± sample std (ddof = 1) across seeds" in proc.stdout
+        assert f"{2 * len(dirs)} seeds per cell" in proc.stdout
         return
     elif sub == "plot":  # exactly as written, on small run directories made where it names them
         one_run = "--levels" in args or "--clients" in args
@@ -154,10 +156,10 @@ def _positional(args: list[str]) -> list[str]:
     return out
 
 
-def _fake_runs(root: Path) -> None:
-    """Two seeds of one FedGMR experiment (named after the directory)."""
-    for seed in (0, 1):
-        _fake_run(root / f"seed={seed}", root.name, seed)
+def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0) -> None:
+    """Two seeds of one FedGMR experiment (named after the directory unless ``name``)."""
+    for seed in (first_seed, first_seed + 1):
+        _fake_run(root / f"seed={seed}", name or root.name, seed)
 
 
 def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
@@ -170,6 +172,7 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
     d.mkdir(parents=True)
     cfg = {"name": name or d.name, "method": "fedgmr", "seed": seed, "clients": {"heterogeneity": "high"},
            "data": {"partition": "dirichlet"}, "network": {"ims": True},  # keys the tables' --rows/--cols name
+           "local": {"algorithm": "sgd", "stragglers": 0.0, "prox_mu": 0.01},
            "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
