@@ -81,6 +81,15 @@ def _full(mask: torch.Tensor | None, numel: int, device: torch.device) -> torch.
     return torch.ones(numel, dtype=torch.bool, device=device) if mask is None else mask
 
 
+def stored_model(state: dict[str, torch.Tensor], key: str, params: torch.Tensor,
+                 buffers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A model a client keeps in its state (``state[key]`` and ``buf/<name>``), on the
+    devices of ``params``/``buffers``; before the client's first job: ``(params, buffers)``."""
+    if key not in state:
+        return params, buffers
+    return state[key].to(params.device), {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+
+
 def _sub_seed(seed: int, tag: int) -> int:
     return int(np.random.SeedSequence([int(seed), tag]).generate_state(1, dtype=np.uint32)[0])
 
@@ -187,9 +196,7 @@ class DittoClient(SGDClient):
                        buffers: dict[str, torch.Tensor],
                        state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """v (before the client's first job: the global model)."""
-        if "v" not in state:
-            return params, buffers
-        return state["v"].to(params.device), {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+        return stored_model(state, "v", params, buffers)
 
 
 @dataclass(frozen=True)
@@ -261,9 +268,7 @@ class LocalClient(SGDClient):
                        buffers: dict[str, torch.Tensor],
                        state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The client's own model (before its first job: the common initialisation)."""
-        if "w" not in state:
-            return params, buffers
-        return state["w"].to(params.device), {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+        return stored_model(state, "w", params, buffers)
 
 
 #: client methods by name (``local.algorithm``): ``factory(local_config) -> ClientMethod``

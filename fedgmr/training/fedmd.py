@@ -20,7 +20,7 @@ import torch.nn as nn
 from fedgmr.algorithm.distillation import DistillLoss, batch_indices, distill_loss
 from fedgmr.algorithm.params import ParamSpace, set_buffers
 from fedgmr.device import module_device
-from fedgmr.training.client_methods import ClientResult, SGDClient
+from fedgmr.training.client_methods import ClientResult, SGDClient, stored_model
 
 
 def _sub_seed(seed: int, tag: int) -> int:
@@ -93,9 +93,7 @@ class FedMDClient(SGDClient):
                        buffers: dict[str, torch.Tensor],
                        state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The client's own model (before its first job: the shared initial model)."""
-        if "w" not in state:
-            return params, buffers
-        return state["w"].to(params.device), {k: state.get(f"buf/{k}", b).to(b.device) for k, b in buffers.items()}
+        return stored_model(state, "w", params, buffers)
 
 
 __all__ = ["FedMDClient", "digest", "model_logits"]
