@@ -48,7 +48,8 @@ def test_ifca_downloads_k_models():
     ifca, exp = simulate(_raw("ifca", run={"max_steps": 1}, clustering={"k": 3}))
     # the first round: the same 10 downloads, each carrying 3 models instead of 1 (in one payload)
     assert ifca[1]["downloads"] == avg[1]["downloads"] == 10
-    assert ifca[1]["bytes_up"] == avg[1]["bytes_up"]
+    # ... and each reply carries its model plus its 3 losses (float32), which FedAvg's does not
+    assert ifca[1]["bytes_up"] - avg[1]["bytes_up"] == 10 * 3 * 4
     sim, mask = exp.simulator, exp.strategy.policy.mask(0)
     assert avg[1]["bytes_down"] == pytest.approx(10 * sim._payload(exp.space.numel, mask), rel=1e-12)
     assert ifca[1]["bytes_down"] == pytest.approx(10 * sim._payload(3 * exp.space.numel, mask), rel=1e-12)
