@@ -376,6 +376,45 @@ def test_ctrl_c_exits_130_and_names_the_resume_command(tmp_path: Path):
     assert manifest_step(out) >= 0 and not (out / "summary.json").exists()
 
 
+class _SignalsInAFinaliser:
+    """Raises SIGINT's KeyboardInterrupt inside ``__del__``, where Python prints "Exception
+    ignored" and carries on: the way a Ctrl-C can be lost."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+def _swallowed_ctrl_c() -> None:
+    try:
+        _SignalsInAFinaliser()  # dropped at once: the finaliser runs here
+    except KeyboardInterrupt:  # (should the interpreter let it out after all)
+        pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the finaliser's, on purpose
+def test_a_ctrl_c_swallowed_by_a_finaliser_still_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signal handlers can only be tested from the main thread")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        cfg = resolve_config(tiny_config(method="fedavg", run={"max_steps": 50, "eval_every": 1}))
+        original, steps = SerialExecutor.submit, []
+
+        def submit(self, job):
+            steps.append(job.version)
+            if len(steps) == 25:  # the third round's fifth job
+                _swallowed_ctrl_c()
+            return original(self, job)
+
+        monkeypatch.setattr(SerialExecutor, "submit", submit)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(cfg, tmp_path / "r")
+        assert max(steps) == 2  # stopped in the round it was pressed in, not 47 rounds later
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and the handler put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # ---------------------------------------------------------------------------- a failed run fails
 def test_a_run_whose_every_update_is_rejected_fails_with_exit_code_5(tmp_path: Path):
     out = tmp_path / "nan"

@@ -31,6 +31,7 @@ from fedgmr.data import FederatedData
 from fedgmr.errors import ConfigError, RunDirError, RunFailedError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fedgmr.experiment.interrupt import sigint_latch
 from fedgmr.experiment.loggers import RunLoggers
 from fedgmr.experiment.metrics import acc_at_t, read_metrics
 from fedgmr.experiment.plots import plot_runs
@@ -369,9 +370,10 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
             checkpoint(sim)  # a run killed before its first step can be resumed too
 
         def should_stop() -> bool:
+            latch.check()  # a Ctrl-C that a finaliser swallowed is raised again here
             return sim.rejected_streak >= limit or bool(stop_after_steps and sim.step >= stop_after_steps)
 
-        with _Progress(cfg, progress, progress_every) as bar:
+        with sigint_latch() as latch, _Progress(cfg, progress, progress_every) as bar:
             def on_step(s: Simulator) -> None:
                 bar.update(s, last_acc[0])
                 if (every and s.step % every == 0) or time.perf_counter() - timer[0] >= timer[1]:
