@@ -62,12 +62,17 @@ def one_run(preset: str, overrides: list[str], out: Path) -> tuple[float, _Timer
     return wall, timer, (out / "metrics.jsonl").read_bytes()
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests parse the documented commands with it)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--preset", default="quickstart")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="override a key (both runs)")
+    return ap
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--preset", default="quickstart")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="override a key (both runs)")
-    args = parser.parse_args()
+    args = parser().parse_args()
     walls: dict[str, list[float]] = {"default": [], "off": []}
     inside: list[float] = []
     counts: list[int] = []

@@ -79,13 +79,18 @@ def free_core_check(workers: int, n: int = 6_000_000) -> float:
     return serial / parallel
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests parse the documented commands with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--local-steps", type=int, default=40)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(1)
     executors = ["serial", "process"] + (["ray"] if importlib.util.find_spec("ray") else [])
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}; config: cnn on digits, 10 clients, "

@@ -98,12 +98,17 @@ def time_bare(raw: dict, device: torch.device, rounds: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests parse the documented commands with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", help="run.device: auto, cpu, cuda, cuda:N or mps")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=20, help="timed FedAvg rounds (after 2 warm-up rounds)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(1)
     device = resolve_device(args.device)
     raw = config(args.device, args.rounds)

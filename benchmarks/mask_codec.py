@@ -10,6 +10,8 @@ among all candidates) and decoding. Runs in a few seconds on a CPU::
 
 from __future__ import annotations
 
+import argparse
+
 import math
 import time
 
@@ -60,7 +62,13 @@ def report(label: str, mask: torch.Tensor) -> None:
         print(f"  {kind:<16}{s:>10,}{rel_h:>11}{s / bitmap:>9.3f}{mark}")
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line: no options (tests parse the documented commands with it)."""
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
 def main() -> None:
+    parser().parse_args()
     t0 = time.perf_counter()
     n = 1_000_000
     g = torch.Generator().manual_seed(0)

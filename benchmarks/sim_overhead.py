@@ -82,14 +82,19 @@ def time_bare(raw: dict, total_steps: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests parse the documented commands with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200, help="server steps per simulator run")
     ap.add_argument("--local-steps", type=int, default=5)
     ap.add_argument("--model", choices=sorted(MODELS), nargs="+", default=["conv2", "cnn"])
     ap.add_argument("--method", default="fedgmr_wo_gmr")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(1)
     for model in args.model:
         raw = config(args.method, args.steps, args.local_steps, model)

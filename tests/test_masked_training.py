@@ -200,3 +200,36 @@ def test_masked_training_with_a_parameter_outside_the_graph():
     # no gradient reaches the unused layer: its kept coordinates are untouched
     kept_unused = mask[unused.slice]
     assert torch.equal(out.params[unused.slice][kept_unused], start[unused.slice][kept_unused])
+
+
+def test_plain_sgd_steps_with_the_mask_in_the_step(setup):
+    """No momentum, no weight decay: the masked step is fused (``p - lr * g * m``). Pruned
+    coordinates stay exactly 0, and one step equals the unfused step on the masked gradient
+    within one rounding (the fused step rounds the product and the sum separately)."""
+    model, space, start, buffers, mask, x, y = setup
+    plain = TrainSettings(lr=0.05, batch_size=8, local_steps=1)
+    out = masked_local_training(model, space, start, buffers, mask, x, y, plain, seed=3)
+    assert torch.equal(out.params[~mask], torch.zeros(int((~mask).sum())))
+    # the same step by hand: W * m, one batch (the job's first), the gradient masked, SGD
+    ref = ConvBNNet()
+    space.load(ref, start * mask)
+    ref.load_state_dict({**ref.state_dict(), **buffers})
+    idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(3))[:8]
+    ref.train()
+    F.cross_entropy(ref(x[idx]), y[idx]).backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
+    by_hand = start * mask - 0.05 * (grad * mask)
+    assert torch.equal(out.params[~mask], by_hand[~mask])
+    torch.testing.assert_close(out.params, by_hand, rtol=1e-6, atol=1e-7)
+    assert bool((out.params[mask] != start[mask]).any())  # and it did move
+
+
+def test_all_finite_matches_isfinite():
+    from fedgmr.algorithm.params import all_finite
+
+    v = torch.randn(1000)
+    assert all_finite(v) and all_finite(torch.zeros(0)) and all_finite(torch.arange(5))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        w = v.clone()
+        w[417] = bad
+        assert not all_finite(w) and not all_finite(w.double()) and not all_finite(w.half())

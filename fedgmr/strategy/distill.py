@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.distillation import batch_indices, consensus, distill_loss, ensemble_targets
 from fedgmr.algorithm.maskinfo import frozen, mask_indices
-from fedgmr.algorithm.params import ParamSpace, set_buffers
+from fedgmr.algorithm.params import ParamSpace, all_finite, set_buffers
 from fedgmr.device import module_device
 from fedgmr.errors import ConfigError, InvalidUpdateError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
@@ -188,7 +188,7 @@ class FedMDStrategy(MaskedBufferedStrategy):
         z = reply.extras.get("logits") if isinstance(reply.extras, dict) else None
         if isinstance(reply.client_id, int) and reply.client_id in self._outstanding:
             if not isinstance(z, torch.Tensor) or z.ndim != 1 or z.numel() != self.num_values \
-                    or not z.is_floating_point() or not bool(torch.isfinite(z).all()):
+                    or not z.is_floating_point() or not all_finite(z):
                 self.rejected += 1
                 log.warning("rejected update from client %s: a FedMD reply needs %d finite logits",
                             reply.client_id, self.num_values)

@@ -20,7 +20,7 @@ import torch
 from fedgmr.algorithm.aggregation import AggregationRule, average_buffers, coverage_counts
 from fedgmr.algorithm.coverage import aggregation_coverage
 from fedgmr.algorithm.maskinfo import frozen, mask_count, memo
-from fedgmr.algorithm.params import ParamSpace
+from fedgmr.algorithm.params import ParamSpace, all_finite
 from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
 from fedgmr.algorithm.staleness import StalenessFn
@@ -279,7 +279,7 @@ class MaskedBufferedStrategy:
             raise InvalidUpdateError(f"values of dtype {values.dtype}; expected floating point")
         # finiteness is checked on what the model will hold: float64 1e300 is inf in float32
         values = values.detach().to(self.device, torch.float32)
-        if not bool(torch.isfinite(values).all()):
+        if not all_finite(values):
             raise InvalidUpdateError("values contain NaN or Inf (as float32)")
         for field_name in ("num_samples", "num_processed"):
             ns = getattr(reply, field_name)
@@ -304,7 +304,7 @@ class MaskedBufferedStrategy:
                     or b.is_floating_point() != ref.is_floating_point():
                 raise InvalidUpdateError(f"buffer {name!r} has a wrong shape or dtype")
             b = b.detach().to(ref.device, ref.dtype)  # checked as the model will hold it
-            if b.is_floating_point() and not bool(torch.isfinite(b).all()):
+            if not all_finite(b):
                 raise InvalidUpdateError(f"buffer {name!r} has non-finite values (as {ref.dtype})")
             if (_is_variance(name) or not b.is_floating_point()) and bool((b < 0).any()):
                 raise InvalidUpdateError(f"buffer {name!r} has negative values")
@@ -460,8 +460,7 @@ class MaskedBufferedStrategy:
 
     @staticmethod
     def _finite(params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> bool:
-        return bool(torch.isfinite(params).all()) and all(
-            bool(torch.isfinite(b).all()) for b in buffers.values() if b.is_floating_point())
+        return all_finite(params) and all(all_finite(b) for b in buffers.values())
 
     def _fold_buffers(self, used: list[_Entry], weights: list[float],
                       base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ import torch
 from fedgmr.algorithm.aggregation import coverage_counts
 from fedgmr.algorithm.local_rules import scaffold_server_control
 from fedgmr.algorithm.maskinfo import mask_count
+from fedgmr.algorithm.params import all_finite
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
@@ -72,7 +73,7 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
             raise InvalidUpdateError(f"a SCAFFOLD reply needs delta_c: one float per coordinate of its values "
                                      f"({kept})")
         dc = dc.detach().to(self.device, torch.float32)
-        if not bool(torch.isfinite(dc).all()):
+        if not all_finite(dc):
             raise InvalidUpdateError("delta_c contains NaN or Inf")
         return dc
 

@@ -1,0 +1,72 @@
+"""The `python benchmarks/...` commands shown in README.md and docs/ name scripts that ship
+and options those scripts accept (each script's ``parser()`` parses the documented
+arguments exactly); and `benchmarks/vs_flower.py` runs, on a tiny workload, the way a user
+runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+PATTERN = re.compile(r"python (benchmarks/[\w]+\.py)([^`\n]*)")
+
+
+def _commands() -> list[tuple[str, str, str]]:
+    found = []
+    for doc in DOCS:
+        for m in PATTERN.finditer(doc.read_text()):
+            args = m.group(2).split(" #")[0].strip()
+            found.append((f"{doc.relative_to(REPO)}: {m.group(0).strip()}", m.group(1), args))
+    return found
+
+
+COMMANDS = _commands()
+
+
+def _module(script: str):
+    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_docs_show_benchmark_commands():
+    scripts = {s for _, s, _ in COMMANDS}
+    assert {"benchmarks/sim_overhead.py", "benchmarks/vs_flower.py", "benchmarks/memory_clients.py"} <= scripts
+
+
+@pytest.mark.parametrize("where,script,args", COMMANDS, ids=[w for w, _, _ in COMMANDS])
+def test_documented_benchmark_command_parses(where: str, script: str, args: str):
+    assert (REPO / script).is_file(), f"{where}: {script} does not ship"
+    try:
+        _module(script).parser().parse_args(shlex.split(args))
+    except SystemExit as exc:  # argparse's way of refusing
+        pytest.fail(f"{where}: the script refuses {args!r} (exit {exc.code})")
+
+
+def test_vs_flower_runs_and_prints_each_runtime_with_its_ratio():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "benchmarks/vs_flower.py", "--repeats", "1", "--rounds", "2", "--warmup", "1",
+                          "--clients", "3", "--runtimes", "bare", "serial", "process"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert "3 clients x 5 local steps" in lines[0] and "1 warm-up + 2 measured rounds" in lines[0]
+    rows = {name: line for name in ("bare PyTorch loop", "fedgmr simulator, serial", "fedgmr simulator, process pool x2")
+            for line in lines if line.startswith(name)}
+    assert len(rows) == 3, out.stdout
+    for name, line in rows.items():
+        s_per_round, mem = float(line[40:].split()[0]), float(line.split()[-3])
+        assert s_per_round > 0 and mem > 50, line  # a process tree with torch loaded: tens of MB at least
+    assert rows["bare PyTorch loop"].endswith("1.00x time")
+    assert any(line.startswith("process pool / serial speed-up: ") for line in lines)
