@@ -515,6 +515,7 @@ def table(
                                "cluster_purity or coverage_min (Gamma*): the windowed mean of that series"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
+    from fedgmr.experiment.metrics import MissingMetricError
     from fedgmr.experiment.table import build_table, find_runs, read_run, render
 
     try:
@@ -527,7 +528,22 @@ def table(
         if unfinished:
             typer.echo(f"note: {len(unfinished)} unfinished run(s) left out: "
                        f"{', '.join(str(p) for p in unfinished[:3])}{' ...' if len(unfinished) > 3 else ''}", err=True)
-        runs = [read_run(p, metric) for p in paths if p not in unfinished]
+        runs, lacking = [], []
+        for p in paths:
+            if p in unfinished:
+                continue
+            try:
+                runs.append(read_run(p, metric))
+            except MissingMetricError:
+                if metric == "accuracy":
+                    raise
+                lacking.append(p)  # e.g. cluster_purity of a method that does not cluster
+        if lacking:
+            if not runs:
+                raise ConfigError(f"no run logs {metric!r} (personalised metrics need run.personal_eval_every and "
+                                  f"data.client_test_fraction > 0; cluster_purity a clustered method)")
+            typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
+                       f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
         result = build_table(runs, t_star, rows=[k.strip() for k in rows.split(",") if k.strip()],
                              cols=None if cols is None else [k.strip() for k in cols.split(",") if k.strip()],
                              target=target, span=window, mri_of=mri_of or None,

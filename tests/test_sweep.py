@@ -101,6 +101,31 @@ def test_sweep_runs_every_cell_and_a_rerun_redoes_nothing(tmp_path: Path):
     assert stamps == {c: (out / c / "summary.json").stat().st_mtime_ns for c in stamps}
 
 
+def test_a_table_groups_a_sweep_by_its_cases(tmp_path: Path):
+    """`--rows case` reads each cell's case from sweep.json - also from an index written
+    before cells recorded their point (the case is expanded again from the kept spec)."""
+    sweep = _sweep_file(tmp_path, {"seed": [0, 1]}, cases=[{"label": "plain", "set": {"method": "fedavg"}},
+                                                            {"label": "masked", "set": {"method": "fedgmr"}}])
+    out = tmp_path / "out"
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["point"] for c in _index(out)["cells"]] == [{"case": c, "seed": s} for c in ("plain", "masked")
+                                                          for s in (0, 1)]
+
+    def table() -> list[str]:
+        got = _fedgmr("table", str(out), "--t-star", "0", "--window", "1000", "--rows", "case", "--format", "csv")
+        assert got.returncode == 0, got.stderr
+        return got.stdout.splitlines()
+
+    lines = table()
+    assert [line.split(",")[0] for line in lines[1:3]] == ["plain", "masked"]
+    index = _index(out)
+    for cell in index["cells"]:
+        del cell["point"]
+    (out / "sweep.json").write_text(json.dumps(index))
+    assert table() == lines
+
+
 def test_only_runs_part_of_the_grid_and_a_full_pass_then_skips_it(tmp_path: Path):
     sweep = _sweep_file(tmp_path, {"method": ["fedgmr", "fedavg"], "seed": [0, 1]})
     out = tmp_path / "out"

@@ -205,3 +205,22 @@ def test_a_spread_metric_bolds_the_lowest_and_a_count_is_not_a_percentage(tmp_pa
     with pytest.raises(ConfigError, match="takes an accuracy"):
         from fedgmr.experiment.metrics import compare_runs
         compare_runs([str(p) for p in runs], t_star=10.0, metric="personal_std")
+
+
+def test_cli_table_of_a_metric_leaves_out_the_runs_that_do_not_log_it(tmp_path: Path):
+    """cluster_purity over a clustered method and FedAvg: FedAvg clusters nothing, so its
+    runs are left out with a note; with no run logging it at all, a one-line error."""
+    for seed in (0, 1):
+        d = _run(tmp_path, "ifca", seed, "high", 0.5)
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        (d / "metrics.jsonl").write_text("".join(json.dumps({**r, "cluster_purity": 0.75}) + "\n" for r in rows))
+        _run(tmp_path, "fedavg", seed, "high", 0.6)
+    cmd = [sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "10", "--metric", "cluster_purity"]
+    got = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    assert got.returncode == 0, got.stderr
+    assert "note: 2 run(s) without 'cluster_purity' left out" in got.stderr
+    assert "| ifca     | **75.00 ± 0.00** |" in got.stdout and "fedavg" not in got.stdout
+    only_fedavg = [sys.executable, "-m", "fedgmr", "table", *(str(p) for p in sorted(tmp_path.glob("fedavg-*"))),
+                   "--t-star", "10", "--metric", "cluster_purity"]
+    bad = subprocess.run(only_fedavg, capture_output=True, text=True, env=ENV)
+    assert bad.returncode != 0 and "no run logs 'cluster_purity'" in bad.stderr

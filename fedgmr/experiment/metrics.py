@@ -66,6 +66,10 @@ TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
 ACCURACY_METRICS = tuple(TABLE_METRICS)
 
 
+class MissingMetricError(RunDirError):
+    """A run logged no value of the series asked for (``fedgmr table --metric``)."""
+
+
 def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path) -> tuple[list[float], list[float]]:
     """(times, values) of ``metric`` over the records that carry it (a personalised metric
     is logged at its own cadence); a one-line error when none does."""
@@ -74,7 +78,7 @@ def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path
                           f"(got {metric!r})")
     pairs = [(float(r["time"]), float(r[metric])) for r in rows if finite_number(r.get(metric))]
     if not pairs:
-        raise RunDirError(f"{where}: no record holds {metric!r} (personalised metrics need run.personal_eval_every "
+        raise MissingMetricError(f"{where}: no record holds {metric!r} (personalised metrics need run.personal_eval_every "
                           f"and data.client_test_fraction > 0)")
     return [t for t, _ in pairs], [a for _, a in pairs]
 

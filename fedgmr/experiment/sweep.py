@@ -104,8 +104,8 @@ class Cell:
     point: dict[str, Any] = field(default_factory=dict)
 
     def index_entry(self) -> dict[str, Any]:
-        return {"name": self.name, "base": self.base, "overrides": self.overrides, "status": self.status,
-                "error": self.error, **self.result}
+        return {"name": self.name, "base": self.base, "overrides": self.overrides, "point": self.point,
+                "status": self.status, "error": self.error, **self.result}
 
 
 #: the paper's tables as sweep files, shipped with the package (``fedgmr sweep table1``)

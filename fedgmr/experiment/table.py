@@ -91,6 +91,30 @@ def _sweep_rank(root: Path) -> Any:
     return lambda p: (order.get(str(p.relative_to(root)), len(order)), str(p))
 
 
+def sweep_case(path: Path) -> str | None:
+    """The label of the sweep case (``cases:`` of a sweep file) that made the run at
+    ``path``, read from its sweep's ``sweep.json``; None for a run outside a sweep or a
+    sweep without cases. Indexes written before cells recorded their point are expanded
+    again from the sweep spec they keep."""
+    index_path = path.parent / "sweep.json"
+    try:
+        index = json.loads(index_path.read_text())
+        cells = index["cells"]
+        entry = next((c for c in cells if c.get("name") == path.name), None)
+        if entry is None:
+            return None
+        point = entry.get("point")
+        if point is None:
+            from fedgmr.experiment.sweep import SweepSpec, expand
+
+            spec = SweepSpec.model_validate(index["spec"])
+            point = next((c.point for c in expand(spec, path.parent) if c.name == path.name), {})
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, FedGMRError):
+        return None
+    case = point.get("case") if isinstance(point, dict) else None
+    return str(case) if case is not None else None
+
+
 def read_run(path: Path, metric: str = "accuracy") -> RunData:
     """A run's config and its evaluation series of ``metric`` (the global test accuracy,
     or a personalised one); one-line errors for a damaged run."""
@@ -106,6 +130,9 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
         rows = [r for r in rows if finite_number(r.get(metric))]
     interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
     flat = flatten_config(config)
+    case = sweep_case(path)
+    if case is not None:  # a sweep's named case is a column like any key (`--rows case`)
+        flat.setdefault("case", case)
     # a Flower run's times are wall-clock seconds: never one cell with a simulation's
     flat["clock"] = run_clock(path)
     return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
