@@ -290,7 +290,11 @@ def main() -> None:
     if "flower" in med and "serial" in med:
         print(f"fedgmr serial is {med['flower'] / med['serial']:.2f}x faster per round than Flower's simulation")
     if "process" in med and "serial" in med:
-        print(f"process pool / serial speed-up: {med['serial'] / med['process']:.2f}x")
+        from executor_speedup import free_core_check  # this folder is on sys.path (the script's own)
+
+        print(f"process pool / serial speed-up: {med['serial'] / med['process']:.2f}x "
+              f"(free-core check: pure Python in {args.workers} processes ran "
+              f"{free_core_check(args.workers):.2f}x faster than in one)")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,8 @@ def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weight
     num, den = _weighted_sum(previous.shape, updates, weights, coverage=True, device=previous.device)
     assert den is not None
     covered = den > 0
-    return torch.where(covered, num / den.clamp_min(1e-30), previous.to(num.dtype)).to(previous.dtype)
+    num.div_(den.clamp_min_(1e-30))  # in place: both are this call's own buffers
+    return torch.where(covered, num, previous.to(num.dtype)).to(previous.dtype)
 
 
 def gradient_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
