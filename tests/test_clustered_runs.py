@@ -109,6 +109,8 @@ def test_local_sgd_never_aggregates():
     assert torch.equal(exp.strategy.params, first.strategy.params)  # the global model never moves
     assert records[-1]["personal_accuracy"] > records[0]["personal_accuracy"]  # each client's own does
     assert all("w" in st for st in exp.simulator.client_states.values())
+    # nothing travels: the clients build the initial model from the seed, as FedMD's do
+    assert records[-1]["downloads"] > 0 and records[-1]["bytes_down"] == records[-1]["bytes_up"] == 0
 
 
 @pytest.mark.parametrize("set_, match", [

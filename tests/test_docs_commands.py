@@ -158,8 +158,13 @@ def _positional(args: list[str]) -> list[str]:
 
 def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0) -> None:
     """Two seeds of one FedGMR experiment (named after the directory unless ``name``)."""
+    import json
+
     for seed in (first_seed, first_seed + 1):
         _fake_run(root / f"seed={seed}", name or root.name, seed)
+    # as a sweep writes it: each cell's point on the grid (a table's `--rows case` reads it)
+    cells = [{"name": f"seed={s}", "point": {"case": "a", "seed": s}} for s in (first_seed, first_seed + 1)]
+    (root / "sweep.json").write_text(json.dumps({"name": root.name, "cells": cells}))
 
 
 def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
@@ -178,7 +183,7 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
              "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "coverage_min": 1, "pruned_energy_mean": 0.5, "bytes_up": 1e4 * t, "bytes_down": 2e4 * t,
              **({"levels": [0.2, 1.0], "level_accuracy": [0.4, 0.5], "client_accuracy": [0.5, None, 0.7],
-                 "personal_accuracy": 0.6, "personal_std": 0.1, "personal_worst10": 0.4,
+                 "personal_accuracy": 0.6, "personal_std": 0.1, "personal_worst10": 0.4, "cluster_purity": 0.75,
                  "personal_accuracies": [0.4, 0.6, 0.8]}
                 if t % 100 == 0 else {})}
             for t in range(0, 3001, 10)]

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import io
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -120,49 +118,17 @@ def _init_worker(workload: ClientWorkload, threads: int, parent_pid: int | None 
     _WORKLOAD = _own_model(workload).to(resolve_device(device))
 
 
-def _tensor_from_array(array: Any) -> torch.Tensor:
-    return torch.from_numpy(array)
-
-
-class _ArrayPickler(pickle.Pickler):
-    """Pickles CPU tensors as numpy arrays: their bytes travel inside the message.
-
-    multiprocessing's own pickler would move every tensor to a shared-memory file and pass
-    its descriptor over a separate connection - milliseconds per tensor, paid for every
-    job's result (a new tensor each time). Copying the bytes costs less on the models a
-    process pool is for (measured on the 215 k-parameter CNN: benchmarks/vs_flower.py).
-    Tensors numpy cannot hold (bfloat16, ...) fall back to torch's own pickling."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.is_sparse:
-            try:
-                return _tensor_from_array, (obj.detach().numpy(),)
-            except (TypeError, RuntimeError):
-                return NotImplemented
-        return NotImplemented
-
-
-def wire_dumps(obj: Any) -> bytes:
-    """``obj`` as bytes, its CPU tensors as numpy arrays (:class:`_ArrayPickler`)."""
-    buf = io.BytesIO()
-    _ArrayPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
-
-
-def _run_job(payload: bytes) -> bytes:
+def _run_job(job: TrainJob) -> JobResult:
     assert _WORKLOAD is not None, "worker was not initialised"
-    return wire_dumps(_WORKLOAD.run(pickle.loads(payload)).to("cpu"))
+    return _WORKLOAD.run(job).to("cpu")
 
 
 class _FutureHandle:
-    def __init__(self, future: Future[bytes]) -> None:
+    def __init__(self, future: Future[JobResult]) -> None:
         self.future = future
-        self._value: JobResult | None = None
 
     def result(self) -> JobResult:
-        if self._value is None:
-            self._value = pickle.loads(self.future.result())
-        return self._value
+        return self.future.result()
 
 
 class ProcessPoolExecutor:
@@ -199,7 +165,7 @@ class ProcessPoolExecutor:
         self._closed = False
 
     def submit(self, job: TrainJob) -> _FutureHandle:
-        return _FutureHandle(self._pool.submit(_run_job, wire_dumps(job.to("cpu"))))
+        return _FutureHandle(self._pool.submit(_run_job, job.to("cpu")))
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (started at the first submit)."""

@@ -43,8 +43,10 @@ def _fedbn(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[st
     return None, {"local_coords": local}
 
 
-def _standalone(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
-    return None, {"local_coords": torch.ones(space.numel, dtype=torch.bool)}  # nothing is sent or averaged
+def _standalone(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
+    from fedgmr.strategy.local_only import LocalOnlyStrategy
+
+    return LocalOnlyStrategy, {}  # nothing is sent or averaged (each client trains its own F_i)
 
 
 def _local(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:

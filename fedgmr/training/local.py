@@ -3,7 +3,9 @@
 The client starts from ``W * m``, runs ``local_steps`` SGD steps and pruned coordinates
 stay exactly zero - also under momentum and weight decay - because their gradients are
 masked before the optimiser sees them (a zero weight with a zero gradient gets a zero
-weight-decay term and a zero momentum buffer). Buffers are trained normally, never masked.
+weight-decay term and a zero momentum buffer). With plain SGD (no momentum, no weight
+decay) the mask is applied inside the step instead, ``p - lr * g * m`` in one pass
+(:func:`_masked_sgd_step`). Buffers are trained normally, never masked.
 """
 
 from __future__ import annotations
