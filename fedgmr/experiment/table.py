@@ -10,6 +10,7 @@ the cell means.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -91,25 +92,28 @@ def _sweep_rank(root: Path) -> Any:
     return lambda p: (order.get(str(p.relative_to(root)), len(order)), str(p))
 
 
+@functools.lru_cache(maxsize=32)
+def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
+    """Cell name -> the cell's point on its sweep's grid, from ``directory/sweep.json`` (read
+    once per directory and version of the file, not once per run). Indexes written before
+    cells recorded their point are expanded again from the sweep spec they keep."""
+    index = json.loads((Path(directory) / "sweep.json").read_text())
+    cells = index["cells"]
+    if all("point" in c for c in cells):
+        return {str(c["name"]): c["point"] for c in cells}
+    from fedgmr.experiment.sweep import SweepSpec, expand
+
+    return {c.name: c.point for c in expand(SweepSpec.model_validate(index["spec"]), Path(directory))}
+
+
 def sweep_case(path: Path) -> str | None:
     """The label of the sweep case (``cases:`` of a sweep file) that made the run at
     ``path``, read from its sweep's ``sweep.json``; None for a run outside a sweep or a
-    sweep without cases. Indexes written before cells recorded their point are expanded
-    again from the sweep spec they keep."""
+    sweep without cases."""
     index_path = path.parent / "sweep.json"
     try:
-        index = json.loads(index_path.read_text())
-        cells = index["cells"]
-        entry = next((c for c in cells if c.get("name") == path.name), None)
-        if entry is None:
-            return None
-        point = entry.get("point")
-        if point is None:
-            from fedgmr.experiment.sweep import SweepSpec, expand
-
-            spec = SweepSpec.model_validate(index["spec"])
-            point = next((c.point for c in expand(spec, path.parent) if c.name == path.name), {})
-    except (OSError, ValueError, KeyError, TypeError, StopIteration, FedGMRError):
+        point = _sweep_points(str(path.parent), index_path.stat().st_mtime_ns).get(path.name, {})
+    except (OSError, ValueError, KeyError, TypeError, FedGMRError):
         return None
     case = point.get("case") if isinstance(point, dict) else None
     return str(case) if case is not None else None

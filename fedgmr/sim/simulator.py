@@ -267,9 +267,7 @@ class Simulator:
             handle = self.executor.submit(job)
             # values only (the server knows the mask), and any vectors the reply carries beside them
             up_bytes = (self._payload((1 + len(a.reply_extras)) * mask_count(a.reply_mask)) if a.wire_values is None
-                        else _vector_bytes(a.wire_values[1]))
-            if a.alternatives:  # IFCA: the reply carries one float32 loss per model offered
-                up_bytes += 4.0 * (1 + len(a.alternatives))
+                        else _vector_bytes(a.wire_values[1])) + 4.0 * a.reply_scalars
             train_done = finish[c] + self.compute.time(c, None if full_mask else a.mask)
             self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, a.density)
             self._push(train_done, "upload", c)

@@ -205,7 +205,7 @@ class IfcaStrategy(ClusteredStrategy):
                     changed: bool) -> Assignment:
         a = super()._assignment(client_id, version, level, density, mask, changed)
         models = list(zip(self.models, self.model_buffers))
-        return dataclasses.replace(a, start=models[0], alternatives=tuple(models[1:]))
+        return dataclasses.replace(a, start=models[0], alternatives=tuple(models[1:]), reply_scalars=len(models))
 
     def receive(self, reply: Reply) -> bool:
         losses = reply.extras.get("model_losses") if isinstance(reply.extras, dict) else None

@@ -35,6 +35,9 @@ class Assignment:
     #: the other cluster models); the client trains the one with the lowest loss on its
     #: data and reports every loss (``Reply.extras["model_losses"]``, ``start`` first)
     alternatives: tuple[tuple[torch.Tensor, dict[str, torch.Tensor]], ...] = ()
+    #: float32 scalars the reply carries beside its values, in the same payload, never scaled
+    #: by network.model_size_mb (IFCA: one loss per model offered)
+    reply_scalars: int = 0
     #: (values down, values up) when what travels is not the model on the mask but plain
     #: vectors (FedMD's logits): counted as they are, never scaled by network.model_size_mb
     wire_values: tuple[int, int] | None = None
