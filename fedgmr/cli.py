@@ -587,15 +587,18 @@ flower_app = typer.Typer(no_args_is_help=True, help="Set-up helpers for a secure
 app.add_typer(flower_app, name="flower")
 
 
-def _print_deployment(directory: Path, nodes: int, superlink: str, connection: str, app_dir: str) -> None:
+def _print_deployment(directory: Path, nodes: int, superlink: str, connection: str, app_dir: str,
+                      warm_config: Optional[Path] = None) -> None:
     from fedgmr.flower.security import deployment_commands
 
-    cmds = deployment_commands(directory, nodes, superlink, connection, app_dir)
+    cmds = deployment_commands(directory, nodes, superlink, connection, app_dir, warm_config=warm_config)
     flwr_home = "${FLWR_HOME:-~/.flwr}"
     typer.echo("# 1. server: the SuperLink with TLS and SuperNode authentication\n" + cmds["superlink"][0])
     typer.echo(f"# 2. operator: add this connection to {flwr_home}/config.toml, then register each node's public key\n"
                + "\n".join(cmds["config"]) + "\n" + "\n".join(cmds["register"]))
-    typer.echo("# 3. each device (copy it only its own node-<i>.key and ca.crt)\n" + "\n".join(cmds["supernodes"]))
+    typer.echo("# 3. each device (copy it only its own node-<i>.key and ca.crt): its SuperNode, and beside it the "
+               "warm SuperExec that runs its ClientApps\n"
+               + "\n".join(f"{node}\n{exe}" for node, exe in zip(cmds["supernodes"], cmds["superexecs"])))
     typer.echo("# 4. operator: start the run\n" + cmds["run"][0])
 
 
@@ -611,6 +614,8 @@ def flower_keys(
                                   "printed commands"),
     connection: str = typer.Option("secure", "--connection", help="the flwr connection name"),
     app_dir: str = typer.Option("fedgmr-app", "--app", help="the Flower app project folder"),
+    warm_config: Optional[Path] = typer.Option(None, "--warm-config", help="the run's FedGMR config, for the "
+                                               "printed `fedgmr flower superexec` lines"),
 ) -> None:
     """Write a CA, the SuperLink's TLS certificate and SuperNode key pairs, then print the
     commands that use them. Private keys are mode 0600 and never printed."""
@@ -620,7 +625,7 @@ def flower_keys(
         creds = make_credentials(directory, nodes, tuple(hosts) or DEFAULT_HOSTS, days)
         typer.echo(f"# wrote {creds.directory}: ca.crt, server.pem, {nodes} node public key(s) (node-<i>.pub); "
                    f"private keys (mode 0600, keep them secret): ca.key, server.key, node-<i>.key")
-        _print_deployment(creds.directory, nodes, superlink, connection, app_dir)
+        _print_deployment(creds.directory, nodes, superlink, connection, app_dir, warm_config)
     except FedGMRError as exc:
         _fail(exc)
 
@@ -632,12 +637,52 @@ def flower_commands(
     superlink: str = typer.Option("127.0.0.1:9093", "--superlink", help="HOST:PORT of the SuperLink"),
     connection: str = typer.Option("secure", "--connection", help="the flwr connection name"),
     app_dir: str = typer.Option("fedgmr-app", "--app", help="the Flower app project folder"),
+    warm_config: Optional[Path] = typer.Option(None, "--warm-config", help="the run's FedGMR config, for the "
+                                               "printed `fedgmr flower superexec` lines"),
 ) -> None:
     """Print the flower-superlink / flower-supernode / flwr lines for the keys in DIRECTORY."""
     try:
-        _print_deployment(directory, nodes, superlink, connection, app_dir)
+        _print_deployment(directory, nodes, superlink, connection, app_dir, warm_config)
     except FedGMRError as exc:
         _fail(exc)
+
+
+@flower_app.command("superexec")
+def flower_superexec(
+    runtime_api_address: str = typer.Option("127.0.0.1:9094", "--runtime-api-address",
+                                            help="the SuperNode's Runtime API (its --host:--port)"),
+    insecure: bool = typer.Option(False, "--insecure", help="connect to the Runtime API without TLS"),
+    root_certificates: Optional[str] = typer.Option(None, "--root-certificates",
+                                                    help="CA certificate of the Runtime API's TLS"),
+    warm_config: Optional[Path] = typer.Option(None, "--warm-config", help="the run's FedGMR config: build this "
+                                               "node's data and model once, before any task"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="the run's seed, when its run config overrides it"),
+    poll_interval: Optional[float] = typer.Option(None, "--poll-interval", help="seconds between task polls "
+                                                  "(default: $FLWR_SUPEREXEC_TASK_POLL_INTERVAL, else 0.2)"),
+    parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="stop when this process exits"),
+    auth_secret_file: Optional[Path] = typer.Option(None, "--superexec-auth-secret-file",
+                                                    help="the SuperNode's SuperExec shared secret"),
+) -> None:
+    """Run a warm SuperExec beside a `flower-supernode --isolation process`: every ClientApp
+    task runs in a fork of this process (torch, Flower, FedGMR and, with --warm-config, the
+    node's data already loaded) instead of a fresh flwr-clientapp process."""
+    from fedgmr.flower.warm_exec import run_warm_superexec
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    wlog = logging.getLogger("fedgmr.flower.warm_exec")
+    wlog.setLevel(logging.INFO)
+    wlog.addHandler(handler)
+    wlog.propagate = False
+    secret = auth_secret_file.read_bytes() if auth_secret_file is not None else None
+    try:
+        run_warm_superexec(runtime_api_address, insecure, root_certificates, warm_config, seed, poll_interval,
+                           parent_pid, secret)
+    except FedGMRError as exc:
+        _fail(exc)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
 
 
 def main() -> None:

@@ -70,3 +70,22 @@ def test_vs_flower_runs_and_prints_each_runtime_with_its_ratio():
         assert s_per_round > 0 and mem > 50, line  # a process tree with torch loaded: tens of MB at least
     assert rows["bare PyTorch loop"].endswith("1.00x time")
     assert any(line.startswith("process pool / serial speed-up: ") for line in lines)
+
+
+def test_flower_deployment_rate_is_read_between_the_warmup_and_the_last_step():
+    mod = _module("benchmarks/flower_deployment.py")
+    records = [{"step": 0, "wall_time": 0.5}, {"step": 1, "wall_time": 9.0}, {"step": 2, "wall_time": 12.0},
+               {"step": 4, "wall_time": 21.0}]
+    assert mod.steps_per_minute(records, 1, "wall_time") == 60.0 * 3 / 12.0
+    cfg = mod.raw_config(mod.parser().parse_args(["--nodes", "5", "--steps", "6", "--warmup", "1"]))
+    assert cfg["clients"]["num_clients"] == 5 and cfg["run"]["max_steps"] == 7 and cfg["run"]["eval_every"] == 1
+
+
+def test_flower_deployment_runs_its_simulator_mode():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "benchmarks/flower_deployment.py", "--repeats", "1", "--steps", "2",
+                          "--warmup", "1", "--nodes", "3", "--modes", "simulator"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("fedgmr simulator, serial"))
+    assert float(row.split()[3]) > 0 and row.endswith("1.00x"), out.stdout

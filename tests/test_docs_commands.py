@@ -8,7 +8,7 @@ command is checked by resolving the same preset/file and `--set` overrides with
 `fedgmr config` (a full run of a preset takes minutes), with its `--import` modules;
 `fedgmr --version` runs as written; `fedgmr flower keys|commands` run exactly as written,
 in order in one directory (the keys a `keys` line writes are there for the lines after
-it). Placeholders such as `/path/to/...` and `runs/...` directories that need an earlier
+it); a `fedgmr flower superexec` line (a server) is parsed with the command's own options. Placeholders such as `/path/to/...` and `runs/...` directories that need an earlier
 run are skipped.
 """
 
@@ -81,9 +81,21 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         png = tmp_path / args[args.index("--out") + 1]
         assert png.read_bytes()[:4] == b"\x89PNG", where
         return
+    elif sub == "flower" and args[1] == "superexec":  # a server: its line parses with the command's options
+        import typer.main
+
+        from fedgmr.cli import app
+
+        command = typer.main.get_command(app)
+        ctx = command.make_context("fedgmr", args[:2])
+        params = command.get_command(ctx, "flower").get_command(ctx, "superexec").make_context(
+            "superexec", args[2:]).params
+        assert params["runtime_api_address"], where
+        return
     elif sub == "flower":  # exactly as written, after the doc's earlier `fedgmr flower` lines, in one directory
         doc = where.split(": ")[0]
-        earlier = [c for w, c in COMMANDS if w.split(": ")[0] == doc and c.startswith("fedgmr flower ")]
+        earlier = [c for w, c in COMMANDS if w.split(": ")[0] == doc and c.startswith("fedgmr flower ")
+                   and not c.startswith("fedgmr flower superexec")]
         for c in earlier[: earlier.index(cmd) + 1]:
             proc = subprocess.run([sys.executable, "-m", "fedgmr", *shlex.split(c)[1:]], capture_output=True,
                                   text=True, env=ENV, cwd=tmp_path, timeout=300)

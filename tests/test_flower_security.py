@@ -77,6 +77,19 @@ def test_commands_name_the_files_and_parse_with_flowers_flags(tmp_path):
     node1 = shlex.split(cmds["supernodes"][1])
     assert node1[node1.index("--auth-supernode-private-key") + 1] == str(d.resolve() / "node-1.key")
     assert node1[node1.index("--node-config") + 1] == "partition-id=1 num-partitions=2"
+    assert node1[node1.index("--isolation") + 1] == "process"  # ClientApps run by the warm SuperExec beside it
+    exe = shlex.split(cmds["superexecs"][1])
+    assert exe[:3] == ["fedgmr", "flower", "superexec"] and "--warm-config" not in exe
+    from fedgmr.cli import app as cli_app
+    import typer.main
+
+    command = typer.main.get_command(cli_app)
+    ctx = command.make_context("fedgmr", exe[1:])  # every printed option is one of the command's
+    sub = command.get_command(ctx, "flower")
+    parsed = sub.get_command(ctx, "superexec").make_context("superexec", exe[3:]).params
+    assert parsed["runtime_api_address"] == "127.0.0.1:9094" and parsed["insecure"]
+    warm = shlex.split(deployment_commands(d, 1, "10.0.0.5:9093", warm_config=tmp_path / "run.yaml")["superexecs"][0])
+    assert warm[warm.index("--warm-config") + 1] == str((tmp_path / "run.yaml").resolve())
     assert shlex.split(cmds["register"][0]) == ["flwr", "supernode", "register", str(d.resolve() / "node-0.pub"),
                                                 "prod"]
     assert cmds["run"] == ["flwr run fedgmr-app prod --stream"]

@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 import torch
 
@@ -62,7 +62,15 @@ class LoopSettings:
     """Coordination of the loop (wall-clock seconds).
 
     max_steps: server steps (aggregations) to run.
-    k: aggregate once this many new replies arrived (at most ``k`` per step).
+    mode: ``semi_async`` (aggregate on ``trigger``) or ``sync`` (a step waits for every
+        client it dispatched: each replies, fails or times out; the config's
+        ``coordination.mode``, so FedAvg-style methods run synchronously here as in the
+        simulator).
+    trigger: ``k`` (aggregate once ``k`` new replies arrived, at most ``k`` per step) or
+        ``deadline`` (``slack`` seconds after the first reply, since the last step, from a
+        client at the highest density in flight; or once every client replied).
+    k: see ``trigger``.
+    slack: see ``trigger`` (wall-clock seconds).
     reply_timeout: a dispatched client not heard from after this long is dropped from
         the step (the messages' TTL is a little longer).
     step_timeout: aggregate with fewer than ``k`` replies after this long, if any arrived.
@@ -73,6 +81,9 @@ class LoopSettings:
 
     max_steps: int
     k: int = 3
+    mode: Literal["semi_async", "sync"] = "semi_async"
+    trigger: Literal["k", "deadline"] = "k"
+    slack: float = 0.5
     reply_timeout: float = 60.0
     step_timeout: float = 30.0
     max_wall: float | None = None
@@ -146,8 +157,11 @@ class BufferedServerLoop:
         self.dispatches = [0] * strategy.num_clients
         self.stats = LoopStats()
         self.records: list[dict[str, Any]] = []
+        if settings.mode not in ("semi_async", "sync") or settings.trigger not in ("k", "deadline"):
+            raise ValueError(f"unknown coordination: mode {settings.mode!r}, trigger {settings.trigger!r}")
         self.t0 = clock()
         self.step_started = self.t0
+        self.deadline_at: float | None = None  # the deadline trigger's, once armed
         self._last_eval = -1
         self._last_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
 
@@ -250,6 +264,8 @@ class BufferedServerLoop:
             raise InvalidUpdateError(f"claims to be client {reply.client_id}" if known
                                      else f"unknown client id {reply.client_id!r}")
         accepted = self.strategy.receive(reply)  # the strategy logs (and we collect) its rejections
+        if accepted:
+            self._maybe_arm_deadline(flight)
         if accepted and reply.val_score is not None:
             self.strategy.on_client_validation(slot, reply.val_score)
         return accepted
@@ -265,14 +281,40 @@ class BufferedServerLoop:
                             f.slot, self.node_of_slot[f.slot], self.settings.reply_timeout)
 
     # ------------------------------------------------------------------ steps
+    @staticmethod
+    def _density(flight: _Flight) -> float:
+        return 1.0 if flight.mask is None else float(flight.mask.float().mean())
+
+    def _maybe_arm_deadline(self, flight: _Flight) -> None:
+        """Deadline trigger: arm ``slack`` after this reply when it is the first, since the
+        last step, from a client at the highest density still in play (the simulator's rule)."""
+        s = self.settings
+        if s.mode != "semi_async" or s.trigger != "deadline" or self.deadline_at is not None:
+            return
+        density = self._density(flight)
+        if density >= max([self._density(f) for f in self.in_flight.values()] + [density]):
+            self.deadline_at = self.clock() + s.slack
+
+    def _step_cap(self) -> int:
+        """At most this many new replies enter one step (the rest wait in the queue)."""
+        if self.settings.mode == "semi_async" and self.settings.trigger == "k":
+            return self.settings.k
+        return len(self.node_of_slot)
+
     def _should_aggregate(self) -> bool:
         n_new = len(self.strategy.arrivals)
         if n_new == 0:
             return False
-        k = min(self.settings.k, len(self.node_of_slot))
-        if n_new >= k:
+        s = self.settings
+        if s.mode == "sync":
+            if not self.in_flight and not self.queue:  # everyone dispatched answered, failed or timed out
+                return True
+        elif s.trigger == "deadline":
+            if n_new >= len(self.node_of_slot) or (self.deadline_at is not None and self.clock() >= self.deadline_at):
+                return True
+        elif n_new >= min(s.k, len(self.node_of_slot)):
             return True
-        return self.clock() - self.step_started > self.settings.step_timeout
+        return self.clock() - self.step_started > s.step_timeout
 
     def _aggregate(self) -> None:
         report = self.strategy.aggregate()
@@ -281,6 +323,7 @@ class BufferedServerLoop:
             "used": len(report.used),
         }
         self.step_started = self.clock()
+        self.deadline_at = None  # a deadline armed before this step is void
         step = self.strategy.version
         val_score = None
         moved: list[int] = []
@@ -345,8 +388,8 @@ class BufferedServerLoop:
             pending = [i for i in self.in_flight if i not in queued]
             if pending:  # a reply is pulled once: Flower deletes it on delivery
                 self.queue.extend(self.link.pull(pending))
-            # at most K new replies per step: the rest wait in the queue for the next one
-            while self.queue and len(self.strategy.arrivals) < s.k:
+            # at most K new replies per step (trigger k): the rest wait in the queue for the next one
+            while self.queue and len(self.strategy.arrivals) < self._step_cap():
                 self.handle(self.queue.pop(0))
                 progressed = True
             self._expire()

@@ -149,9 +149,12 @@ def make_credentials(directory: str | Path, nodes: int, hosts: tuple[str, ...] =
 
 def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127.0.0.1:9093",
                         connection: str = "secure", app: str = "fedgmr-app",
-                        prefix: str = "node") -> dict[str, list[str]]:
+                        prefix: str = "node", warm_config: str | Path | None = None) -> dict[str, list[str]]:
     """The command lines of a secured deployment using the files in ``directory``:
-    ``superlink`` (the server), ``supernodes`` (one per node, partition ``i``),
+    ``superlink`` (the server), ``supernodes`` (one per node, partition ``i``, with
+    ``--isolation process``), ``superexecs`` (beside each SuperNode, on the same device: the
+    warm ``fedgmr flower superexec`` that runs its ClientApps, over the SuperNode's
+    loopback Runtime API on port 9094; ``--warm-config`` when ``warm_config`` is given),
     ``register`` (the operator registers each node's public key) and ``run``; plus
     ``config`` (the ``config.toml`` connection for ``flwr``). Paths are absolute; no line
     holds key material. The SuperLink listens on the ``superlink`` host when that is a
@@ -168,9 +171,12 @@ def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127
               "--enable-supernode-auth")
     supernodes = [f"flower-supernode --superlink {q(superlink)} --root-certificates {q(str(d / 'ca.crt'))} "
                   f"--auth-supernode-private-key {q(str(d / f'{prefix}-{i}.key'))} "
-                  f"--node-config {q(f'partition-id={i} num-partitions={nodes}')}" for i in range(nodes)]
+                  f"--node-config {q(f'partition-id={i} num-partitions={nodes}')} --isolation process"
+                  for i in range(nodes)]
+    warm = f" --warm-config {q(str(Path(warm_config).expanduser().resolve()))}" if warm_config else ""
+    superexecs = [f"fedgmr flower superexec --runtime-api-address 127.0.0.1:9094 --insecure{warm}"] * nodes
     register = [f"flwr supernode register {q(str(d / f'{prefix}-{i}.pub'))} {q(connection)}" for i in range(nodes)]
     config = [f"[superlink.{connection}]", f'address = "{superlink}"',
               f'root-certificates = "{d / "ca.crt"}"']
     return {"superlink": [server], "config": config, "register": register, "supernodes": supernodes,
-            "run": [f"flwr run {q(app)} {q(connection)} --stream"]}
+            "superexecs": superexecs, "run": [f"flwr run {q(app)} {q(connection)} --stream"]}

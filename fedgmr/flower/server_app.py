@@ -56,6 +56,10 @@ def refuse_client_state(cfg: Any) -> None:
     if method.stateful or method.needs_extras or method.returns_extras:
         raise ConfigError(f"local.algorithm {cfg.local.algorithm!r} keeps client state between jobs, which the "
                           f"Flower runtime does not carry yet; run it in the simulator (fedgmr run)")
+    if cfg.clients.concurrency is not None and cfg.clients.concurrency < cfg.clients.num_clients:
+        raise ConfigError(f"clients.concurrency {cfg.clients.concurrency} samples clients per round, which the "
+                          f"Flower runtime does not do yet (it keeps every node busy); unset it, or run it in the "
+                          f"simulator (fedgmr run)")
 
 
 def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,6 +100,7 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         steps = int(_num(run_config, "num-server-steps", cfg.run.max_steps or 50) or 50)
         settings = LoopSettings(
             max_steps=steps, k=int(_num(run_config, "k", cfg.coordination.k) or 1),
+            mode=cfg.coordination.mode, trigger=cfg.coordination.trigger, slack=cfg.coordination.deadline_slack,
             reply_timeout=float(_num(run_config, "reply-timeout", 60.0) or 60.0),
             step_timeout=float(_num(run_config, "step-timeout", 30.0) or 30.0),
             max_wall=_num(run_config, "max-wall", None),

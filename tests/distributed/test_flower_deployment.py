@@ -3,7 +3,9 @@
 * ``flwr run`` against a ``flower-superlink --simulation`` (Flower's simulation runtime);
 * ``flwr run`` against a ``flower-superlink`` and several ``flower-supernode`` processes
   (insecure mode), one of which sends every kind of malformed reply in turn (and is
-  quarantined after three) and one of which never answers;
+  quarantined after three) and one of which never answers; the silent one runs its
+  ClientApp through Flower's own per-message ``flwr-clientapp``, the others through
+  ``fedgmr flower superexec`` (``--isolation process``);
 * the same with TLS and SuperNode authentication, set up with ``fedgmr flower keys``'
   files and command lines: registered nodes run, a stranger and a node trusting another
   CA are kept out, a forged client id is rejected and its node quarantined.
@@ -204,9 +206,16 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
         node_cfg = f"partition-id={i} num-partitions={clients}"
         if i in faults:
             node_cfg += f' fedgmr-fault="{faults[i]}"'
-        procs.start(f"supernode{i}", [str(BIN / "flower-supernode"), "--insecure", "--superlink",
-                                      f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(_free_port()),
-                                      "--node-config", node_cfg])
+        api = _free_port()
+        node = [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}", "--host",
+                "127.0.0.1", "--port", str(api), "--node-config", node_cfg]
+        if faults.get(i) == "hang":  # Flower's default: a flwr-clientapp process per message
+            procs.start(f"supernode{i}", node)
+        else:  # the documented default: a warm SuperExec forks each ClientApp (a cold
+            # ClientApp would reply too late to this short run for the cycling node's faults)
+            _wait_http(api, procs.start(f"supernode{i}", node + ["--isolation", "process"]), f"supernode {i}")
+            procs.start(f"superexec{i}", [str(BIN / "fedgmr"), "flower", "superexec", "--runtime-api-address",
+                                          f"127.0.0.1:{api}", "--insecure", "--warm-config", str(cfg)])
     result = _flwr_run(procs, app, "loop", out, timeout=1000)
     print("loopback:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
     print("\n".join(result["rejection_log"]))
@@ -227,6 +236,17 @@ def test_superlink_and_supernodes_on_loopback_with_faulty_nodes(procs, tmp_path)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["accuracy"] == r["accuracy"] for r in records)  # never NaN: the model was never corrupted
     assert len(MALFORMED) == 7
+    # the honest and the cycling nodes' messages ran in forks of their warm SuperExecs, each to a
+    # clean exit (a malformed reply is a clean exit of the ClientApp)
+    import re
+
+    forks = done = 0
+    for i in range(honest + 1):
+        log = procs.log(f"superexec{i}")
+        forks += len(re.findall(r"ClientApp in forked process \d+", log))
+        done += len(re.findall(r"ClientApp process \d+ done in [\d.]+ s \(status 0\)", log))
+        assert "exited with status" not in log, log[-3000:]
+    assert forks >= steps and done >= steps, (forks, done)
 
 
 def _wait_for(what: str, condition, timeout: float, procs: Processes) -> Any:
@@ -278,10 +298,14 @@ def test_secured_deployment_tls_node_auth_forged_ids_and_quarantine(procs, tmp_p
         node_ids[i] = int(re.search(r"SuperNode (\d+) registered", reg.stdout + reg.stderr).group(1))
     forger = 2
     for i, line in enumerate(cmds["supernodes"]):  # 0-2 registered (2 forges ids), 3 not registered
-        args = bin_path(line) + ["--host", "127.0.0.1", "--port", str(_free_port())]
+        api = _free_port()
+        args = bin_path(line) + ["--host", "127.0.0.1", "--port", str(api)]
         if i == forger:
             args[args.index("--node-config") + 1] += ' fedgmr-fault="other-client"'
-        procs.start(f"supernode{i}", args)
+        node = procs.start(f"supernode{i}", args)
+        if i < 3:  # the printed warm SuperExec beside it, on this node's Runtime API port
+            _wait_http(api, node, f"supernode {i}")
+            procs.start(f"superexec{i}", bin_path(cmds["superexecs"][i].replace("127.0.0.1:9094", f"127.0.0.1:{api}")))
     # trusts another CA (with a key of its own): the TLS handshake fails
     procs.start("wrong-ca", [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates",
                              str(other.ca_cert), "--auth-supernode-private-key", str(keys.node_keys[3]),

@@ -355,3 +355,78 @@ def test_oversized_fault_exceeds_the_reply_limit(run_config):
     assert bool(decode_mask(wide["payload"][HEADER_BYTES:-4 * s.space.numel]).all())
     assert reply.mask is not None and bool(reply.mask.all())
     assert s.receive(reply) is False
+
+
+def _arrivals_per_step(loop: BufferedServerLoop) -> list[int]:
+    """Record how many new replies each aggregation takes in."""
+    seen: list[int] = []
+    orig = loop.strategy.aggregate
+
+    def aggregate(*a, **kw):
+        seen.append(len(loop.strategy.arrivals))
+        return orig(*a, **kw)
+
+    loop.strategy.aggregate = aggregate  # type: ignore[method-assign]
+    return seen
+
+
+def test_sync_mode_waits_for_every_dispatched_client(run_config):
+    """coordination.mode sync (FedAvg, HeteroFL, ...): each step aggregates every client it
+    dispatched, whatever k says - as the simulator's sync rounds do."""
+    link = FakeLink(run_config)
+    loop = _loop(run_config, link, steps=3, k=2)
+    loop.settings.mode = "sync"
+    per_step = _arrivals_per_step(loop)
+    loop.run()
+    assert loop.strategy.version == 3 and per_step == [4, 4, 4]
+    assert link.pushed == 4 * 3  # 4 per round, none after the last step
+    # the same loop in the default semi-async mode takes k = 2 replies per step
+    semi = _loop(run_config, FakeLink(run_config), steps=3, k=2)
+    semi_steps = _arrivals_per_step(semi)
+    semi.run()
+    assert semi_steps == [2, 2, 2]
+
+
+def test_sync_mode_goes_on_without_a_silent_client(run_config):
+    loop = _loop(run_config, FakeLink(run_config, {2: "hang"}), steps=2, k=2, reply_timeout=0.5)
+    loop.settings.mode = "sync"
+    per_step = _arrivals_per_step(loop)
+    loop.run()
+    assert loop.strategy.version == 2 and loop.stats.timeouts >= 1
+    assert per_step == [3, 3]
+
+
+def test_deadline_trigger_aggregates_slack_after_the_densest_reply(run_config):
+    """trigger deadline: armed by the first reply of a client at the highest density in
+    flight, it fires `slack` seconds later (a fake clock here), not at k."""
+    now = [0.0]
+    link = FakeLink(run_config)
+    loop = _loop(run_config, link, steps=1, k=1, clock=lambda: now[0])
+    loop.settings.trigger, loop.settings.slack, loop.settings.step_timeout = "deadline", 3.0, 100.0
+    loop._dispatch(loop.node_of_slot)
+    dens = {f.slot: loop._density(f) for f in loop.in_flight.values()}
+    by_slot = {loop.in_flight[a.instruction_id].slot: a for a in link.pull(list(loop.in_flight))}
+    low = min(dens, key=dens.get)
+    top = max(dens, key=dens.get)
+    assert dens[low] < dens[top]
+    assert loop.handle(by_slot[low]) and loop.deadline_at is None  # a sparser client does not arm it
+    assert not loop._should_aggregate()  # k = 1 does not apply under the deadline trigger
+    now[0] = 10.0
+    assert loop.handle(by_slot[top]) and loop.deadline_at == 13.0
+    now[0] = 12.9
+    assert not loop._should_aggregate()
+    now[0] = 13.0
+    assert loop._should_aggregate()
+    per_step = _arrivals_per_step(loop)
+    loop._aggregate()
+    assert loop.deadline_at is None and per_step == [2]
+
+
+def test_server_app_refuses_client_sampling():
+    from fedgmr.errors import ConfigError
+    from fedgmr.flower.server_app import refuse_client_state
+    from fedgmr.methods import resolve_config
+
+    with pytest.raises(ConfigError, match="clients.concurrency 2 samples clients per round"):
+        refuse_client_state(resolve_config(tiny_config(clients={"num_clients": 4, "concurrency": 2})))
+    refuse_client_state(resolve_config(tiny_config(clients={"num_clients": 4, "concurrency": 4})))

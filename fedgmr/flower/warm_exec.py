@@ -1,0 +1,204 @@
+"""A warm SuperExec for Flower SuperNodes: each ClientApp task runs in a fork of one
+process that has already imported torch, Flower and FedGMR (and, optionally, built the
+node's data and model), instead of in a fresh ``flwr-clientapp`` process.
+
+Flower 1.42 runs every message a SuperNode receives in a new ``flwr-clientapp`` process:
+the SuperNode's SuperExec (``--isolation subprocess``, the default) or a separate
+``flower-superexec`` (``--isolation process``) starts ``flwr-clientapp --token ...``, which
+pulls one message, runs the ClientApp, pushes the reply and exits. Each reply therefore
+pays Python's, torch's and Flower's import time and the ClientApp's data loading.
+
+``fedgmr flower superexec`` is a drop-in for ``flower-superexec`` beside a SuperNode
+started with ``--isolation process``. It runs Flower's own SuperExec loop
+(:func:`flwr.supercore.superexec.run_superexec.run_superexec`: task acquisition,
+authentication, signal handling are Flower's) with :class:`ForkExecutor` as the executor:
+a ClientApp task is run by :func:`flwr.supernode.runtime.run_clientapp.run_clientapp` in a
+child forked from the warm process, so the child starts with everything imported and,
+with ``--warm-config``, with the node's :class:`~fedgmr.sim.executor.ClientWorkload`
+already built. Each task still gets its own process (Flower's isolation of one task from
+the next is kept: a crash or a leak ends with the child). Other task types (none reach a
+SuperNode's SuperExec today) are started as Flower starts them.
+
+This uses two Flower internals, both of 1.42: the ``Executor`` protocol of
+``flwr.supercore.superexec.executor`` and ``run_superexec``'s lookup of ``get_executor``.
+:func:`check_flower_internals` says clearly when an installed Flower lacks them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: what Flower's SuperExec waits between task polls when FLWR_SUPEREXEC_TASK_POLL_INTERVAL
+#: is unset (1 s); the warm SuperExec polls faster unless told otherwise
+DEFAULT_POLL_INTERVAL = 0.2
+POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+
+
+def check_flower_internals() -> None:
+    """Raise ``RuntimeError`` naming what is missing when the installed Flower does not
+    have the SuperExec internals the warm SuperExec builds on (Flower 1.42's)."""
+    try:
+        import flwr
+        from flwr.supercore.constant import TaskType  # noqa: F401
+        from flwr.supercore.superexec import run_superexec as _rs
+        from flwr.supercore.superexec.executor import LaunchResult  # noqa: F401
+        from flwr.supernode.runtime.run_clientapp import run_clientapp  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(f"the warm SuperExec needs Flower 1.42's SuperExec internals ({err}); use "
+                           "flower-superexec (a ClientApp process per message) with this Flower") from err
+    if not hasattr(_rs, "get_executor") or not hasattr(_rs, "run_superexec"):
+        raise RuntimeError(f"Flower {flwr.__version__}'s run_superexec has no get_executor: the warm SuperExec "
+                           "supports Flower 1.42; use flower-superexec with this Flower")
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def _run_clientapp_child(spec: Any) -> None:
+    """In the forked child: run one ClientApp task as ``flwr-clientapp`` would, then
+    leave with its exit status (never returns)."""
+    code, t0 = 1, time.perf_counter()
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from flwr.supercore.tls import validate_and_resolve_root_certificates
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token, insecure=spec.insecure,
+                      certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                                          spec.insecure),
+                      parent_pid=spec.parent_pid, runtime_dependency_install=spec.runtime_dependency_install)
+        code = 0
+    except SystemExit as e:  # flwr_exit ends every task with sys.exit
+        code = _exit_code(e.code)
+    except BaseException:  # noqa: BLE001 - the child must never return into the parent's loop
+        traceback.print_exc()
+    finally:
+        try:
+            log.info("task %d: ClientApp process %d done in %.2f s (status %d)", spec.task_id, os.getpid(),
+                     time.perf_counter() - t0, code)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class ForkExecutor:
+    """Flower's SuperExec ``Executor`` that runs ClientApp tasks in forks of this process.
+
+    ``launched`` counts the forks (for tests and benchmarks); ``reconcile`` (called by
+    Flower's loop before every poll) reaps finished children and logs any that failed.
+    """
+
+    def __init__(self, fallback: Any | None = None) -> None:
+        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+
+        self.fallback = fallback if fallback is not None else SubprocessExecutor()
+        self.children: dict[int, int] = {}  # pid -> task id
+        self.launched = 0
+
+    def get_eligible_capacity(self, supported_task_types: set, *, insecure: bool = False,
+                              root_certificates_path: str | None = None) -> tuple[set, set[str]]:
+        return set(supported_task_types), set()
+
+    def wait_for_capacity(self, task_type: Any = None, *, fab_hash: str | None = None, insecure: bool = False,
+                          root_certificates_path: str | None = None) -> None:
+        return None
+
+    def launch(self, spec: Any) -> Any:
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return self.fallback.launch(spec)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as err:
+            return LaunchResult.failed(f"fork failed: {err}")
+        if pid == 0:
+            _run_clientapp_child(spec)
+        self.children[pid] = spec.task_id
+        self.launched += 1
+        log.info("task %d: ClientApp in forked process %d", spec.task_id, pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        for pid in list(self.children):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done:
+                task = self.children.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if code != 0:
+                    log.warning("task %d: ClientApp process %d exited with status %d", task, pid, code)
+
+    def close(self) -> None:
+        """Stop the children still running (each pushes its task's failure on SIGTERM)."""
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while self.children and time.monotonic() < deadline:
+            self.reconcile()
+            time.sleep(0.05)
+        self.fallback.close()
+
+
+def warm_up(config: str | Path | None = None, seed: int | None = None, torch_threads: int = 1) -> None:
+    """Import what a FedGMR ClientApp needs, and with ``config`` build its workload (data,
+    partition, model), so that forked children start with it.
+
+    Torch's intra-op pool is set to ``torch_threads`` here, before any torch work: a forked
+    child cannot use a thread pool its parent started (the ClientApp sets its own count
+    from the config's ``run.torch_threads``)."""
+    import torch
+
+    torch.set_num_threads(torch_threads)
+    import fedgmr.flower.client_app  # noqa: F401 - the ClientApp the FAB names
+    from fedgmr.flower.client import load_run_config, workload_for
+
+    if config is not None:
+        run_config: dict[str, Any] = {"config": str(config)}
+        if seed is not None:
+            run_config["seed"] = seed
+        workload_for(load_run_config(run_config))
+
+
+def run_warm_superexec(runtime_api_address: str, insecure: bool = False, root_certificates: str | None = None,
+                       warm_config: str | Path | None = None, seed: int | None = None,
+                       poll_interval: float | None = None, parent_pid: int | None = None,
+                       superexec_auth_secret: bytes | None = None) -> None:
+    """Run Flower's SuperExec loop with :class:`ForkExecutor` (blocks until stopped)."""
+    check_flower_internals()
+    if poll_interval is not None:
+        os.environ[POLL_ENV] = str(poll_interval)
+    else:
+        os.environ.setdefault(POLL_ENV, str(DEFAULT_POLL_INTERVAL))
+    warm_up(warm_config, seed)
+    from flwr.supercore.superexec import run_superexec as rs
+
+    executor = ForkExecutor()
+    rs.get_executor = lambda *args, **kwargs: executor  # Flower's loop, our executor
+    rs.run_superexec(runtime_api_address=runtime_api_address, insecure=insecure,
+                     root_certificates_path=root_certificates, superexec_auth_secret=superexec_auth_secret,
+                     parent_pid=parent_pid)
