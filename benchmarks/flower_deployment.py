@@ -93,7 +93,7 @@ def run_simulator(args: argparse.Namespace, cfg_path: Path) -> float:
                           on_step=lambda s: stamps.append((len(stamps), time.perf_counter())))
     finally:
         exp.executor.close()
-    # the simulator evaluates inside the step as well (eval_every: 1), so its stamps time the same work
+    # a step's stamp includes any test evaluation it triggers (digits' test split: milliseconds)
     return steps_per_minute([{"step": s, "t": t} for s, t in stamps], args.warmup, "t")
 
 
