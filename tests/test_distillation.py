@@ -142,8 +142,27 @@ def test_distillation_time_is_charged_on_the_virtual_clock_when_asked():
 
 
 def test_early_stopping_keeps_the_best_of_the_aggregate_and_the_students():
-    _, exp = simulate(_raw("feddf", distill={"val_every": 1, "patience": 1, "steps": 6}, run={"max_steps": 2}))
-    assert exp.strategy.distill_steps <= 2 * 6
+    records, exp = simulate(_raw("feddf", distill={"val_every": 1, "patience": 1, "steps": 6},
+                                 run={"max_steps": 4}))
+    assert exp.strategy.distill_steps <= 4 * 6
+    # the metrics say how often a student beat the aggregate on validation, and by how much
+    last = records[-1]
+    assert last["distillations"] == 4 and 0 <= last["students_kept"] <= 4
+    kept = [r["students_kept"] for r in records]
+    assert kept == sorted(kept)
+    for prev, rec in zip(records, records[1:]):
+        gain = rec["distill_val_gain"]
+        assert gain is not None and gain >= 0  # the kept model is never worse than the aggregate on val
+        assert (rec["students_kept"] - prev["students_kept"] == 1) == (gain > 0)
+    # the aggregate's and the kept model's validation accuracy, as the distiller reports them
+    start, best = exp.strategy.distiller.last_val
+    assert best - start == pytest.approx(last["distill_val_gain"])
+
+
+def test_without_validation_the_metrics_count_distillations_only():
+    records, _ = simulate(_raw("feddf", run={"max_steps": 3}))
+    assert [r["distillations"] for r in records] == [0, 1, 2, 3]
+    assert "students_kept" not in records[-1] and "distill_val_gain" not in records[-1]
 
 
 def test_fedmd_sends_logits_and_keeps_client_models():
@@ -188,9 +207,9 @@ def test_ray_matches_serial():
         assert serial == ray, method
 
 
-@pytest.mark.parametrize("method", ["fedgmr_df", "fedmd"])
-def test_resumes_exactly(tmp_path: Path, method: str):
-    cfg = resolve_config(_raw(method, run={"max_steps": 8, "checkpoint_every": 2}))
+@pytest.mark.parametrize("method, distill", [("fedgmr_df", {}), ("fedgmr_df", {"val_every": 2}), ("fedmd", {})])
+def test_resumes_exactly(tmp_path: Path, method: str, distill: dict):
+    cfg = resolve_config(_raw(method, distill=distill, run={"max_steps": 8, "checkpoint_every": 2}))
     out, ref = tmp_path / "killed", tmp_path / "ref"
     assert run_experiment(cfg, out, stop_after_steps=5)["interrupted"]
     run_experiment(cfg, out, resume=True)

@@ -66,6 +66,9 @@ class ServerDistiller:
     val_every: int | None = None
     patience: int = 2
     val_score: Callable[[torch.Tensor, dict[str, torch.Tensor]], float] | None = None
+    #: the last distillation's validation accuracy of the aggregate and of what was kept
+    #: (None without ``val_every``): for the metrics, never for the result
+    last_val: tuple[float, float] | None = None
 
     @torch.no_grad()
     def logits(self, params: torch.Tensor, buffers: dict[str, torch.Tensor], batch: int = 500) -> torch.Tensor:
@@ -91,6 +94,7 @@ class ServerDistiller:
         gen = torch.Generator().manual_seed(distill_seed(self.seed, version))
         check = self.val_every if self.val_score is not None else None
         best, best_params, waited = (self.val_score(params, buffers), params, 0) if check else (0.0, params, 0)
+        start = best
         taken = 0
         for step, idx in enumerate(batch_indices(len(self.proxy), self.batch_size, self.steps, gen), 1):
             opt.zero_grad(set_to_none=True)
@@ -112,7 +116,9 @@ class ServerDistiller:
                 set_buffers(self.model, buffers)
                 self.model.eval()
         if check:
+            self.last_val = (start, best)
             return best_params.clone(), taken
+        self.last_val = None
         return self.space.flatten(self.model).to(params.device), taken
 
 
@@ -132,6 +138,11 @@ class FedDFStrategy(MaskedBufferedStrategy):
         self._teachers: dict[int, tuple[_Entry, torch.Tensor]] = {}  # a cache: logits per buffered update
         self._seconds = 0.0
         self.distill_steps = 0  # steps taken so far (not in checkpoints: informative only)
+        #: distillations so far, how many kept a student over the aggregate (validation
+        #: on), and the last one's validation accuracy gain: the metrics' diagnostics
+        self.distillations = 0
+        self.students_kept = 0
+        self.last_val_gain: float | None = None
 
     def teacher(self, e: _Entry) -> torch.Tensor:
         """The logits on the proxy set of update ``e``'s model under its own mask
@@ -154,7 +165,35 @@ class FedDFStrategy(MaskedBufferedStrategy):
         out, steps = self.distiller.distil(params, buffers, teachers, self.version)
         self._seconds = steps * self.seconds_per_step
         self.distill_steps += steps
+        self.distillations += 1
+        val = self.distiller.last_val
+        self.last_val_gain = None if val is None else val[1] - val[0]
+        if val is not None and val[1] > val[0]:
+            self.students_kept += 1
         return out, buffers
+
+    def record_keys(self, version: int) -> dict[str, Any]:
+        """``distillations`` so far; with validation on, ``students_kept`` (a student beat
+        the aggregate on the server's validation split) and ``distill_val_gain`` (the last
+        distillation's validation accuracy over the aggregate's; 0 when the aggregate was kept)."""
+        rec: dict[str, Any] = {"distillations": self.distillations}
+        if self.distiller.val_score is not None and self.distiller.val_every:
+            rec["students_kept"] = self.students_kept
+            rec["distill_val_gain"] = self.last_val_gain
+        return rec
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        state, tensors = super().state_dict()
+        state["feddf"] = {"distillations": self.distillations, "students_kept": self.students_kept,
+                          "last_val_gain": self.last_val_gain}
+        return state, tensors
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state, tensors)
+        own = state.get("feddf", {})
+        self.distillations = int(own.get("distillations", 0))
+        self.students_kept = int(own.get("students_kept", 0))
+        self.last_val_gain = own.get("last_val_gain")
 
     def aggregate(self) -> StepReport:
         report = super().aggregate()
