@@ -43,6 +43,8 @@ import yaml
 
 MODES = ("subprocess", "subprocess-fastpoll", "warm", "simulator")
 BIN = Path(sys.executable).parent
+if str(Path(__file__).resolve().parent) not in sys.path:  # as when run as a script: vs_flower is a sibling
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,14 +62,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def raw_config(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "method": "fedavg", "seed": 0,
-        "data": {"name": "digits", "partition": "iid", "options": {"image_size": 28}},
-        "model": {"name": "conv2", "options": {"channels": [16, 32], "hidden": 128}},
-        "clients": {"num_clients": args.nodes, "heterogeneity": "none"},
-        "training": {"lr": 0.05, "local_steps": args.local_steps, "batch_size": 20},
-        "run": {"max_steps": args.warmup + args.steps, "eval_every": 1, "torch_threads": 1},
-    }
+    from vs_flower import workload_config  # this folder is on sys.path (above)
+
+    return workload_config(args.nodes, args.local_steps, args.warmup + args.steps, eval_every=1)
 
 
 def steps_per_minute(records: list[dict[str, Any]], warmup: int, clock: str) -> float:

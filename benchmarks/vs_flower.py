@@ -59,16 +59,24 @@ def parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------ the workload
-def raw_config(args: argparse.Namespace, executor: str = "serial") -> dict[str, Any]:
+def workload_config(clients: int, local_steps: int, max_steps: int, eval_every: int = 10**9,
+                    **run: Any) -> dict[str, Any]:
+    """The FedGMR config of the workload (FedAvg on the 215 k-parameter CNN, 28x28 digits,
+    batch 20, one torch thread); ``run`` adds run keys (executor, workers). Also
+    benchmarks/flower_deployment.py's."""
     return {
         "method": "fedavg", "seed": 0,
         "data": {"name": "digits", "partition": "iid", "options": {"image_size": 28}},
         "model": {"name": "conv2", "options": {"channels": [16, 32], "hidden": 128}},
-        "clients": {"num_clients": args.clients, "heterogeneity": "none"},
-        "training": {"lr": 0.05, "local_steps": args.local_steps, "batch_size": 20},
-        "run": {"max_steps": args.warmup + args.rounds, "eval_every": 10**9, "torch_threads": 1,
-                "executor": executor, "workers": args.workers},
+        "clients": {"num_clients": clients, "heterogeneity": "none"},
+        "training": {"lr": 0.05, "local_steps": local_steps, "batch_size": 20},
+        "run": {"max_steps": max_steps, "eval_every": eval_every, "torch_threads": 1, **run},
     }
+
+
+def raw_config(args: argparse.Namespace, executor: str = "serial") -> dict[str, Any]:
+    return workload_config(args.clients, args.local_steps, args.warmup + args.rounds, executor=executor,
+                           workers=args.workers)
 
 
 def build(args: argparse.Namespace, executor: str = "serial") -> Any:

@@ -99,6 +99,7 @@ class _Flight:
     sent: float
     nbytes: int
     mask: torch.Tensor | None = None  # the mask assigned: a values-only reply is decoded against it
+    density: float = 1.0  # the assignment's density (the deadline trigger compares them)
 
 
 @dataclass
@@ -190,7 +191,7 @@ class BufferedServerLoop:
                 continue
             self.stats.bytes_down += nbytes
             self.stats.downloads += 1
-            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask)
+            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask, a.density)
             self.waiting.discard(slot)
 
     # ------------------------------------------------------------------ replies
@@ -281,18 +282,13 @@ class BufferedServerLoop:
                             f.slot, self.node_of_slot[f.slot], self.settings.reply_timeout)
 
     # ------------------------------------------------------------------ steps
-    @staticmethod
-    def _density(flight: _Flight) -> float:
-        return 1.0 if flight.mask is None else float(flight.mask.float().mean())
-
     def _maybe_arm_deadline(self, flight: _Flight) -> None:
         """Deadline trigger: arm ``slack`` after this reply when it is the first, since the
         last step, from a client at the highest density still in play (the simulator's rule)."""
         s = self.settings
         if s.mode != "semi_async" or s.trigger != "deadline" or self.deadline_at is not None:
             return
-        density = self._density(flight)
-        if density >= max([self._density(f) for f in self.in_flight.values()] + [density]):
+        if flight.density >= max([f.density for f in self.in_flight.values()] + [flight.density]):
             self.deadline_at = self.clock() + s.slack
 
     def _step_cap(self) -> int:

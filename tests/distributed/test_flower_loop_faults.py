@@ -404,7 +404,7 @@ def test_deadline_trigger_aggregates_slack_after_the_densest_reply(run_config):
     loop = _loop(run_config, link, steps=1, k=1, clock=lambda: now[0])
     loop.settings.trigger, loop.settings.slack, loop.settings.step_timeout = "deadline", 3.0, 100.0
     loop._dispatch(loop.node_of_slot)
-    dens = {f.slot: loop._density(f) for f in loop.in_flight.values()}
+    dens = {f.slot: f.density for f in loop.in_flight.values()}
     by_slot = {loop.in_flight[a.instruction_id].slot: a for a in link.pull(list(loop.in_flight))}
     low = min(dens, key=dens.get)
     top = max(dens, key=dens.get)
