@@ -10,6 +10,12 @@ Runtimes, each in its own process, interleaved (bare, flower, serial, process, b
 `--repeats` times so that machine noise hits them alike:
 
 - `bare`: a plain loop: load the global weights, train, average the state dicts.
+- `bare_parallel`: the same loop with each round's clients split across `--workers` forked
+  processes (a `multiprocessing` pool that keeps each worker's model and data): the
+  parallel speed-up of a plain `multiprocessing.Pool` (state dicts pickled each way) with no
+  framework around it. With long jobs (`--local-steps 100`) it is the parallelism the
+  machine has to give, against which the process pool's speed-up is read; with short jobs
+  its per-job pickling shows what the process pool's shared-memory handles save.
 - `flower`: Flower's simulation runtime (`flwr.simulation.run_simulation`), the Message
   API's `FedAvg` strategy, a ClientApp that trains like the bare loop, `--actors` Ray
   actors of one CPU each. Needs `pip install 'fedgmr[flower]'`.
@@ -39,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RUNTIMES = ("bare", "flower", "serial", "process")
+RUNTIMES = ("bare", "bare_parallel", "flower", "serial", "process")
 T_START = time.time()  # the child's process start, as near as Python gets
 
 
@@ -127,6 +133,38 @@ def run_bare(args: argparse.Namespace) -> list[float]:
     return stamps
 
 
+_WORK: Any = None
+
+
+def _bare_worker_init(work: Any) -> None:
+    import torch
+
+    global _WORK
+    torch.set_num_threads(1)
+    _WORK = work
+
+
+def _bare_worker_train(state: dict, c: int, steps: int, seed: int) -> tuple[dict, int]:
+    x, y = _WORK.client_data[c]
+    return local_train(_WORK.model, state, x, y, steps, seed)
+
+
+def run_bare_parallel(args: argparse.Namespace) -> list[float]:
+    import multiprocessing as mp
+
+    exp = build(args)
+    work = exp.simulator.executor.workload
+    state = {k: v.detach().clone() for k, v in work.model.state_dict().items()}
+    stamps = []
+    with mp.get_context("fork").Pool(args.workers, initializer=_bare_worker_init, initargs=(work,)) as pool:
+        for r in range(args.warmup + args.rounds):
+            stamps.append(time.perf_counter())
+            jobs = [(state, c, args.local_steps, 1000 * r + c) for c in range(len(work.client_data))]
+            state = average(pool.starmap(_bare_worker_train, jobs, chunksize=1))
+        stamps.append(time.perf_counter())
+    return stamps
+
+
 def run_fedgmr(args: argparse.Namespace, executor: str) -> list[float]:
     exp = build(args, executor)
     sim = exp.simulator
@@ -197,7 +235,7 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    runner = {"bare": run_bare, "flower": run_flower}.get(args.child)
+    runner = {"bare": run_bare, "bare_parallel": run_bare_parallel, "flower": run_flower}.get(args.child)
     stamps = runner(args) if runner else run_fedgmr(args, args.child)
     start = time.time() - (time.perf_counter() - stamps[0]) if stamps else None  # wall clock of stamp 0
     measured = stamps[args.warmup:]
@@ -286,7 +324,8 @@ def main() -> None:
             for runtime in args.runtimes:
                 rows[runtime].append(measure(args, runtime, Path(tmp)))
     med = {r: statistics.median(x["s_per_round"] for x in v) for r, v in rows.items()}
-    labels = {"bare": "bare PyTorch loop", "flower": f"Flower simulation, {args.actors} Ray actors",
+    labels = {"bare": "bare PyTorch loop", "bare_parallel": f"bare loop, {args.workers} forked processes",
+              "flower": f"Flower simulation, {args.actors} Ray actors",
               "serial": "fedgmr simulator, serial", "process": f"fedgmr simulator, process pool x{args.workers}"}
     print(f"{'runtime':40s} {'s/round':>8s}  {'per repeat':22s} {'start-up s':>10s} {'peak PSS MB':>11s}  vs bare")
     for r, v in rows.items():
@@ -303,7 +342,13 @@ def main() -> None:
         print(f"process pool / serial speed-up: {med['serial'] / med['process']:.2f}x "
               f"(free-core check: pure Python in {args.workers} processes ran "
               f"{free_core_check(args.workers):.2f}x faster than in one)")
-
+    if "bare_parallel" in med and "bare" in med:
+        plain = med["bare"] / med["bare_parallel"]
+        line = (f"bare loop in {args.workers} processes / bare loop: {plain:.2f}x (a plain multiprocessing.Pool, "
+                f"state dicts pickled: with long jobs, the parallelism this machine has to give)")
+        if "process" in med and "serial" in med:
+            line += f"; the process pool's speed-up is {med['serial'] / med['process'] / plain:.2f}x the plain pool's"
+        print(line)
 
 if __name__ == "__main__":
     main()

@@ -57,19 +57,22 @@ def test_documented_benchmark_command_parses(where: str, script: str, args: str)
 def test_vs_flower_runs_and_prints_each_runtime_with_its_ratio():
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "benchmarks/vs_flower.py", "--repeats", "1", "--rounds", "2", "--warmup", "1",
-                          "--clients", "3", "--runtimes", "bare", "serial", "process"],
+                          "--clients", "3", "--runtimes", "bare", "bare_parallel", "serial", "process"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert "3 clients x 5 local steps" in lines[0] and "1 warm-up + 2 measured rounds" in lines[0]
-    rows = {name: line for name in ("bare PyTorch loop", "fedgmr simulator, serial", "fedgmr simulator, process pool x2")
+    rows = {name: line for name in ("bare PyTorch loop", "bare loop, 2 forked processes", "fedgmr simulator, serial",
+                                    "fedgmr simulator, process pool x2")
             for line in lines if line.startswith(name)}
-    assert len(rows) == 3, out.stdout
+    assert len(rows) == 4, out.stdout
     for name, line in rows.items():
         s_per_round, mem = float(line[40:].split()[0]), float(line.split()[-3])
         assert s_per_round > 0 and mem > 50, line  # a process tree with torch loaded: tens of MB at least
     assert rows["bare PyTorch loop"].endswith("1.00x time")
     assert any(line.startswith("process pool / serial speed-up: ") for line in lines)
+    ceiling = [line for line in lines if line.startswith("bare loop in 2 processes / bare loop: ")]
+    assert len(ceiling) == 1 and "the process pool's speed-up is " in ceiling[0], out.stdout
 
 
 def test_flower_deployment_rate_is_read_between_the_warmup_and_the_last_step():
