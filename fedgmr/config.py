@@ -565,14 +565,17 @@ class RunConfig(_Section):
 
 
 class ProxyConfig(_Section):
-    """Unlabelled proxy / public data for federated distillation: the first ``size``
-    samples of a registered data set's ``split`` (labels are never used)."""
+    """Unlabelled proxy / public data for federated distillation: ``size`` samples of a
+    registered data set's ``split`` from sample ``offset`` on (labels are never used).
+    ``offset`` keeps an in-domain proxy apart from the samples the clients train on (the
+    mnist preset trains on the first 20,000 MNIST training images: ``offset: 20000``)."""
 
     name: str | None = None
     root: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     split: Literal["train", "test"] = "train"
     size: int = Field(1000, ge=1)
+    offset: int = Field(0, ge=0)
 
 
 class DistillConfig(_Section):

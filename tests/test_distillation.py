@@ -217,6 +217,19 @@ def test_resumes_exactly(tmp_path: Path, method: str, distill: dict):
     assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
 
 
+def test_proxy_offset_takes_the_samples_after_it():
+    from fedgmr.data import load_dataset
+    from fedgmr.strategy.distill import load_proxy
+
+    train = load_dataset("digits").train.x
+    cfg = resolve_config(_raw("feddf", distill={"proxy": {"name": "digits", "size": 30, "offset": 100}}))
+    x = load_proxy(cfg, tuple(train.shape[1:]))
+    assert torch.equal(x, train[100:130].float())
+    first = load_proxy(resolve_config(_raw("feddf", distill={"proxy": {"name": "digits", "size": 30}})),
+                       tuple(train.shape[1:]))
+    assert torch.equal(first, train[:30].float())
+
+
 @pytest.mark.parametrize("raw, match", [
     (_raw("feddf", distill={"proxy": {"name": None}}), "distill.proxy.name"),
     (_raw("fedmd", distill={"proxy": {"name": None}}), "distill.proxy.name"),
@@ -227,6 +240,7 @@ def test_resumes_exactly(tmp_path: Path, method: str, distill: dict):
     (_raw("fedgmr_df", local={"algorithm": "fedbn"}), "whole model"),
     (_raw("feddf", distill={"loss": "mse"}), "FedMD's"),
     (_raw("feddf", distill={"proxy": {"name": "synthetic", "size": 50}}), "shape"),
+    (_raw("feddf", distill={"proxy": {"name": "digits", "size": 50, "offset": 10**6}}), "none from"),
 ])
 def test_impossible_combinations_are_one_line_config_errors(raw: dict, match: str):
     with pytest.raises(ConfigError, match=match) as err:

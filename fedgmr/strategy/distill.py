@@ -265,19 +265,24 @@ class FedMDStrategy(MaskedBufferedStrategy):
 
 # ---------------------------------------------------------------------- wiring (build)
 def load_proxy(cfg: Any, input_shape: tuple[int, ...]) -> torch.Tensor:
-    """The proxy inputs ``distill.proxy`` names: the first ``size`` samples of the split
-    (a one-line ConfigError when they do not fit the model's input)."""
+    """The proxy inputs ``distill.proxy`` names: ``size`` samples of the split from
+    ``offset`` on (a one-line ConfigError when they do not fit the model's input or the
+    split holds none there)."""
     from fedgmr.data import load_dataset
 
     p = cfg.distill.proxy
     data = load_dataset(p.name, root=p.root, **p.options)
-    x = getattr(data, p.split).x[:p.size]
+    split = getattr(data, p.split).x
+    x = split[p.offset:p.offset + p.size]
+    if len(x) == 0:
+        raise ConfigError(f"distill.proxy {p.name!r}: its {p.split} split holds {len(split)} samples, none from "
+                          f"distill.proxy.offset {p.offset} on")
     if tuple(x.shape[1:]) != tuple(input_shape):
         raise ConfigError(f"distill.proxy {p.name!r} has inputs of shape {tuple(x.shape[1:])}, the model takes "
                           f"{tuple(input_shape)}: pick proxy data of the training data's shape")
     if len(x) < p.size:
-        log.warning("distill.proxy %r holds %d samples in its %s split, fewer than distill.proxy.size %d",
-                    p.name, len(x), p.split, p.size)
+        log.warning("distill.proxy %r holds %d samples in its %s split from offset %d, fewer than "
+                    "distill.proxy.size %d", p.name, len(x), p.split, p.offset, p.size)
     return x.float()
 
 
