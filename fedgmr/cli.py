@@ -495,7 +495,8 @@ class _SweepDisplay:
 @app.command()
 def table(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
-    t_star: float = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*"),
+    t_star: str = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*; several, comma-separated "
+                               "(500,1000,2000), give each column once per t*"),
     fmt: str = typer.Option("md", "--format", "-f", help="md, latex or csv"),
     rows: str = typer.Option("method", "--rows", help="config keys for rows, comma-separated"),
     cols: Optional[str] = typer.Option(None, "--cols", help="config keys for columns, comma-separated "
@@ -516,9 +517,16 @@ def table(
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.metrics import MissingMetricError
-    from fedgmr.experiment.table import build_table, find_runs, read_run, render
+    from fedgmr.experiment.table import build_table, find_runs, join_t_stars, read_run, render
 
     try:
+        try:
+            t_stars = [float(t) for t in t_star.split(",") if t.strip()]
+        except ValueError:
+            raise ConfigError(f"--t-star takes a time in virtual seconds, or several comma-separated, got '{t_star}'") \
+                from None
+        if not t_stars or any(not math.isfinite(t) or t < 0 for t in t_stars) or len(set(t_stars)) != len(t_stars):
+            raise ConfigError(f"--t-star takes distinct times >= 0 in virtual seconds, got '{t_star}'")
         if fmt not in ("md", "latex", "csv"):
             raise ConfigError(f"--format must be md, latex or csv, got '{fmt}'")
         if value not in ("acc", "final", "time"):
@@ -544,11 +552,16 @@ def table(
                                   f"data.client_test_fraction > 0; cluster_purity a clustered method)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
-        result = build_table(runs, t_star, rows=[k.strip() for k in rows.split(",") if k.strip()],
-                             cols=None if cols is None else [k.strip() for k in cols.split(",") if k.strip()],
-                             target=target, span=window, mri_of=mri_of or None,
-                             baselines=[b.strip() for b in baselines.split(",") if b.strip()],
-                             value=value)  # type: ignore[arg-type]
+        if len(t_stars) > 1 and (value != "acc" or target is not None):
+            raise ConfigError("several --t-star values make a table of Acc@t* only (no --value final/time, "
+                              "no --target)")
+        result = join_t_stars([build_table(runs, t, rows=[k.strip() for k in rows.split(",") if k.strip()],
+                                           cols=None if cols is None else [k.strip() for k in cols.split(",")
+                                                                           if k.strip()],
+                                           target=target, span=window, mri_of=mri_of or None,
+                                           baselines=[b.strip() for b in baselines.split(",") if b.strip()],
+                                           value=value)  # type: ignore[arg-type]
+                               for t in t_stars])
         text = render(result, fmt)  # type: ignore[arg-type]
         if out is not None:
             try:

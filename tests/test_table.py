@@ -224,3 +224,52 @@ def test_cli_table_of_a_metric_leaves_out_the_runs_that_do_not_log_it(tmp_path: 
                    "--t-star", "10", "--metric", "cluster_purity"]
     bad = subprocess.run(only_fedavg, capture_output=True, text=True, env=ENV)
     assert bad.returncode != 0 and "no run logs 'cluster_purity'" in bad.stderr
+
+
+def _rising(root: Path, method: str, seed: int, base: float, slope: float) -> None:
+    """A run whose accuracy is ``base + slope * t`` at every t = 0..30 (grid Δ = 1 s):
+    its Acc@t* (the 20 grid points from t* - 10 s on) is ``base + slope * (t* - 0.5)``."""
+    d = _run(root, method, seed, "high", 0.0)
+    rows = [{"time": float(t), "step": t, "accuracy": base + slope * t, "bytes_up": 0.0, "bytes_down": 0.0}
+            for t in range(0, 31)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_several_t_stars_give_each_column_once_per_t_star(tmp_path: Path):
+    from fedgmr.experiment.table import join_t_stars
+
+    for seed in (0, 1):
+        _rising(tmp_path, "fedgmr", seed, 0.60 + 0.02 * seed, 0.001)  # 0.6095 / 0.6295 at t* = 10
+        _rising(tmp_path, "fedavg", seed, 0.50, 0.010)  # 0.595 at t* = 10, 0.695 at t* = 20
+    runs = [read_run(p) for p in find_runs([tmp_path])]
+    t = join_t_stars([build_table(runs, t_star=x, cols=["heterogeneity"]) for x in (10.0, 20.0)])
+    assert t.col_keys == ["clients.heterogeneity", "t*"]
+    assert t.cols == [("high", "t* = 10 s"), ("high", "t* = 20 s")]
+    assert t.cells[(("fedgmr",), ("high", "t* = 10 s"))]["mean"] == pytest.approx(0.6195)
+    assert t.cells[(("fedgmr",), ("high", "t* = 20 s"))]["mean"] == pytest.approx(0.6295)
+    assert t.cells[(("fedavg",), ("high", "t* = 20 s"))]["mean"] == pytest.approx(0.695)
+    assert t.mri[("high", "t* = 10 s")] == pytest.approx(100 * (0.6195 - 0.595) / 0.595)
+    assert t.mri[("high", "t* = 20 s")] == pytest.approx(100 * (0.6295 - 0.695) / 0.695)
+    text = render(t, "md")
+    assert "Acc@t* (%) at t* = 10 and 20 s (one column each)" in text
+    lines = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in text.splitlines()
+             if ln.startswith("| ") and not ln.startswith("| method")}
+    assert lines["fedgmr"] == ["**61.95 ± 1.41**", "62.95 ± 1.41"]  # the best differs per t*
+    assert lines["fedavg"] == ["59.50 ± 0.00", "**69.50 ± 0.00**"]
+    frame = pd.read_csv(io.StringIO(render(t, "csv")))
+    assert sorted(frame.t_star.unique()) == [10.0, 20.0] and len(frame) == 4
+    assert frame[(frame.method == "fedavg") & (frame.t_star == 20.0)].iloc[0]["mean"] == pytest.approx(0.695)
+
+
+def test_cli_table_takes_several_t_stars_and_refuses_them_with_another_value(tmp_path: Path):
+    for seed in (0, 1):
+        _rising(tmp_path, "fedgmr", seed, 0.60, 0.001)
+    ok = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "10,20"],
+                        capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert ok.returncode == 0, ok.stderr
+    assert "| t* = 10 s " in ok.stdout and "| t* = 20 s " in ok.stdout and "**60.95 ± 0.00**" in ok.stdout
+    for extra, match in ((["--t-star", "10,20", "--value", "final"], "Acc@t* only"),
+                         (["--t-star", "10,x"], "comma-separated"), (["--t-star", "10,10"], "distinct")):
+        bad = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), *extra],
+                             capture_output=True, text=True, env=ENV, timeout=scaled(300))
+        assert bad.returncode == 2 and match in bad.stderr and bad.stderr.count("\n") == 1, (extra, bad.stderr)

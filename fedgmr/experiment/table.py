@@ -184,6 +184,8 @@ class Table:
     target: float | None
     value: Value = "acc"
     metric: str = "accuracy"
+    #: the per-t* tables a several-t* table was joined from (:func:`join_t_stars`)
+    parts: list["Table"] | None = None
 
     @property
     def seeds_per_cell(self) -> int:
@@ -280,6 +282,31 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
                  target, value, metrics[0])
 
 
+def t_star_label(t: float) -> str:
+    """A t* column's label in a several-t* table."""
+    return f"t* = {t:,.0f} s"
+
+
+def join_t_stars(tables: Sequence[Table]) -> Table:
+    """One table from Acc@t* tables of the same runs at several t*: each column becomes one
+    column per t* (its label ends with the t*), with its own bold best and MRI."""
+    if len(tables) == 1:
+        return tables[0]
+    first = tables[0]
+    if first.value != "acc" or first.target is not None:
+        raise ConfigError("several --t-star values make a table of Acc@t* only (no --value final/time, no --target)")
+    cols = [(*c, t_star_label(t.t_star)) for c in first.cols for t in tables]
+    cells, mri_row = {}, {}
+    for t in tables:
+        tag = t_star_label(t.t_star)
+        for (r, c), cell in t.cells.items():
+            cells[(r, (*c, tag))] = cell
+        for c, v in t.mri.items():
+            mri_row[(*c, tag)] = v
+    return Table(first.t_star, first.row_keys, [*first.col_keys, "t*"], first.rows, cols, cells, first.mri_of,
+                 first.mri_over, mri_row, None, first.value, first.metric, parts=list(tables))
+
+
 # ---------------------------------------------------------------------- rendering
 def _label(values: tuple) -> str:
     return " / ".join(str(v) for v in values) if values else "all"
@@ -357,6 +384,9 @@ def caption(table: Table) -> str:
     """What the numbers are, in one paragraph."""
     n = table.seeds_per_cell
     title = _VALUE_TITLES[table.value].format(t=table.t_star)
+    if table.parts:
+        ts = [f"{t.t_star:,.0f}" for t in table.parts]
+        title = f"Acc@t* (%) at t* = {', '.join(ts[:-1])} and {ts[-1]} s (one column each)"
     if not TABLE_METRICS[table.metric].percent:
         title = title.replace(" (%)", "")
     if table.metric != "accuracy" and table.value != "time":
@@ -375,6 +405,8 @@ def caption(table: Table) -> str:
 def render(table: Table, fmt: Format = "md") -> str:
     """The table as Markdown, LaTeX or CSV (CSV: one line per cell, raw numbers)."""
     if fmt == "csv":
+        if table.parts:  # one line per cell and t*, with the t* as a number
+            return "".join(_csv(t) if i == 0 else _csv(t).split("\n", 1)[1] for i, t in enumerate(table.parts))
         return _csv(table)
     frame = _frame(table, fmt)
     if fmt == "md":
@@ -408,4 +440,5 @@ def _csv(table: Table) -> str:
     return pd.DataFrame(records).to_csv(index=False)
 
 
-__all__ = ["Value", "PAPER_BASELINES", "RunData", "Table", "find_runs", "read_run", "build_table", "render", "caption"]
+__all__ = ["Value", "PAPER_BASELINES", "RunData", "Table", "find_runs", "read_run", "build_table", "join_t_stars",
+           "render", "caption"]
