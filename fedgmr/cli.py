@@ -287,7 +287,7 @@ def compare(
 @app.command()
 def plot(
     runs: list[Path] = typer.Argument(..., help="run directories, or directories holding runs (a sweep); "
-                                      "with --levels or --clients: one run"),
+                                      "with --levels, --clients or --classes: one run"),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write"),
     t_star: Optional[float] = typer.Option(None, "--t-star", help="mark t* (default: the t_star the runs' "
                                            "summary.json files agree on; none: no mark)"),
@@ -301,6 +301,8 @@ def plot(
                                 "of one run"),
     clients: bool = typer.Option(False, "--clients", help="mean, 10-90 % and min-max of per-client accuracy "
                                  "(client_accuracy) of one run"),
+    classes: bool = typer.Option(False, "--classes", help="one accuracy curve per class (class_accuracy) of one "
+                                 "run"),
 ) -> None:
     """Plot accuracy (and average density, dashed) or another metric against time, steps,
     bytes or wall-clock time; seeds of one experiment as a mean ± std band. A missing or
@@ -309,21 +311,24 @@ def plot(
     (without --t-star) with code 2."""
     from fedgmr.experiment.curves import expand_runs
     from fedgmr.experiment.metrics import summary_t_star
-    from fedgmr.experiment.plots import check_plot_path, plot_clients, plot_levels, plot_metric
+    from fedgmr.experiment.plots import check_plot_path, plot_classes, plot_clients, plot_levels, plot_metric
 
     try:
         if t_star is not None and not (math.isfinite(t_star) and t_star >= 0):
             raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 (got {t_star})")
         check_plot_path(out, "--out")
-        if levels or clients:
-            flag = "--levels" if levels else "--clients"
-            if levels and clients:
-                raise ConfigError("give one of --levels and --clients")
+        single = {"--levels": (levels, plot_levels), "--clients": (clients, plot_clients),
+                  "--classes": (classes, plot_classes)}
+        chosen = [flag for flag, (on, _) in single.items() if on]
+        if chosen:
+            flag = chosen[0]
+            if len(chosen) > 1:
+                raise ConfigError(f"give one of --levels, --clients and --classes (got {' and '.join(chosen)})")
             if metric != "accuracy":
                 raise ConfigError(f"{flag} plots accuracy: drop --metric {metric}")
             if len(runs) != 1:
                 raise ConfigError(f"{flag} plots one run: give one run directory (got {len(runs)})")
-            (plot_levels if levels else plot_clients)(runs[0], out, x=x)
+            single[flag][1](runs[0], out, x=x)
         else:
             dirs = expand_runs(runs)
             if t_star is None:

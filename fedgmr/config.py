@@ -500,6 +500,10 @@ class RunConfig(_Section):
     #: data.client_val_fraction > 0), logged as ``client_accuracy`` every that many test
     #: evaluations (null: off)
     client_eval_every: int | None = Field(None, ge=1)
+    #: per-class test accuracy of the global model and the share of test samples it
+    #: predicts as each class (classification tasks), logged as ``class_accuracy`` and
+    #: ``predicted_share`` every that many test evaluations (null: off)
+    class_eval_every: int | None = Field(None, ge=1)
     #: personalised accuracy (each client's own model - the global one, or its personal
     #: model for Ditto / FedBN - on its own test split; needs data.client_test_fraction >
     #: 0), logged as ``personal_accuracy``, ``personal_std``, ``personal_worst10`` and the

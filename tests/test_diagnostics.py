@@ -13,7 +13,7 @@ import torch
 from conftest import scaled, simulate, tiny_config
 from fedgmr.experiment.diagnostics import Diagnostics, masked_level_accuracy
 
-EXTRA = ("levels", "level_accuracy", "client_accuracy")
+EXTRA = ("levels", "level_accuracy", "client_accuracy", "class_accuracy", "predicted_share")
 
 
 def run(raw: dict) -> list[dict]:
@@ -77,8 +77,9 @@ def test_diagnostics_change_no_other_metric(method: str):
     base = tiny_config(method=method, run={"max_steps": 12, "eval_every": 2},
                        data={"name": "digits", "partition": "dirichlet", "alpha": 0.5, "client_val_fraction": 0.2})
     plain = run(base)
-    on = run({**base, "run": {**base["run"], "level_eval_every": 2, "client_eval_every": 3}})
+    on = run({**base, "run": {**base["run"], "level_eval_every": 2, "client_eval_every": 3, "class_eval_every": 2}})
     assert [{k: v for k, v in r.items() if k not in EXTRA} for r in on] == plain
+    assert [i for i, r in enumerate(on) if "class_accuracy" in r] == list(range(0, len(on), 2))
     assert [i for i, r in enumerate(on) if "level_accuracy" in r] == list(range(0, len(on), 2))
     assert [i for i, r in enumerate(on) if "client_accuracy" in r] == list(range(0, len(on), 3))
     clients = on[-1]["client_accuracy"] if "client_accuracy" in on[-1] else on[-2]["client_accuracy"]
@@ -105,3 +106,68 @@ def test_level_accuracy_reaches_metrics_jsonl_from_the_cli(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [("level_accuracy" in r) for r in rows] == [i % 2 == 0 for i in range(len(rows))]
     assert all(r["level_accuracy"][-1] == r["accuracy"] for r in rows if "level_accuracy" in r)
+
+
+# ------------------------------------------------------------------ per-class accuracy
+def test_class_report_by_hand():
+    """logits = x: samples (1, 0) -> class 0, (0, 1) -> class 1. Labels 0, 1, 1, 0 with
+    predictions 0, 1, 0, 0: class 0 2/2, class 1 1/2, class 2 absent (None); predicted
+    shares 3/4, 1/4, 0."""
+    from fedgmr.training.evaluate import class_report
+
+    model = torch.nn.Linear(2, 3, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]))
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    y = torch.tensor([0, 1, 1, 0])
+    for batch in (512, 1, 3):  # batching changes nothing
+        assert class_report(model, x, y, 3, batch_size=batch) == {
+            "class_accuracy": [1.0, 0.5, None], "predicted_share": [0.75, 0.25, 0.0]}
+
+
+def test_class_accuracy_weighted_by_the_class_counts_is_the_test_accuracy():
+    recs, exp = simulate(tiny_config(run={"max_steps": 8, "eval_every": 2, "class_eval_every": 1}))
+    from fedgmr.experiment.build import client_splits
+
+    ty = client_splits(exp.config, exp.data, exp.partition).global_test[1]
+    counts = torch.bincount(ty, minlength=exp.data.num_classes).tolist()
+    for r in recs:
+        acc, share = r["class_accuracy"], r["predicted_share"]
+        assert len(acc) == len(share) == exp.data.num_classes
+        assert sum(a * n for a, n in zip(acc, counts)) / sum(counts) == pytest.approx(r["accuracy"], abs=1e-12)
+        assert sum(share) == pytest.approx(1.0, abs=1e-12)
+    # an early model does not predict the classes evenly (a later one should do better)
+    assert max(recs[0]["predicted_share"]) > 0.15
+
+
+@pytest.mark.parametrize("extra, match", [({"method": "fedmd", "distill": {"proxy": {"name": "digits", "size": 50}}},
+                                           "fedmd has none")])
+def test_class_accuracy_refusals_are_one_line_config_errors(extra: dict, match: str):
+    from fedgmr.errors import ConfigError
+    from fedgmr.experiment.build import build_experiment
+    from fedgmr.methods import resolve_config
+
+    with pytest.raises(ConfigError, match=match) as err:
+        build_experiment(resolve_config(tiny_config(run={"class_eval_every": 1}, **extra))).executor.close()
+    assert "\n" not in str(err.value)
+
+
+def test_class_accuracy_needs_a_classification_task():
+    from fedgmr.data import DATASETS, ArrayDataset, FederatedData
+    from fedgmr.errors import ConfigError
+    from fedgmr.experiment.build import build_experiment
+    from fedgmr.methods import resolve_config
+
+    @DATASETS.register("tiny_text_for_class_eval", replace=True)
+    def load(root=None):
+        seq = torch.arange(12 * 8).reshape(12, 8) % 5 + 1
+        return FederatedData("tiny_text", ArrayDataset(seq[:10, :-1], seq[:10, 1:]), ArrayDataset(seq[10:, :-1],
+                             seq[10:, 1:]), num_classes=6, task="next_token", pad_index=0)
+
+    raw = tiny_config(data={"name": "tiny_text_for_class_eval", "partition": "iid"},
+                      clients={"num_clients": 2, "heterogeneity": "none"},
+                      model={"name": "char_lstm", "options": {"embed_dim": 4, "hidden": 8, "layers": 1}},
+                      run={"class_eval_every": 1})
+    with pytest.raises(ConfigError, match="needs a classification task") as err:
+        build_experiment(resolve_config(raw)).executor.close()
+    assert "\n" not in str(err.value)

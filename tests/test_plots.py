@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from conftest import tiny_config
 from fedgmr.cli import app
 from fedgmr.errors import ConfigError, RunDirError
-from fedgmr.experiment.curves import (axis_values, client_spread, expand_runs, group_labels, group_seeds,
+from fedgmr.experiment.curves import (axis_values, class_curves, client_spread, expand_runs, group_labels, group_seeds,
                                       last_per_x, level_curves, metric_values, seed_band)
 from fedgmr.experiment.plots import metric_curves
 from fedgmr.experiment.runner import run_experiment
@@ -179,6 +179,16 @@ def test_a_run_without_level_accuracy_says_how_to_get_it():
         level_curves([rec(0, 0.1)], "time", "m")
 
 
+def test_class_curves_one_per_class_and_an_absent_class_has_no_points():
+    rows = [rec(0, 0.1, class_accuracy=[0.5, None, 0.25]), rec(10, 0.3),
+            rec(20, 0.5, class_accuracy=[0.75, 0.5, None])]
+    assert [(c, x.tolist(), y.tolist()) for c, x, y in class_curves(rows, "time", "m")] == [
+        (0, [0.0, 20.0], [50.0, 75.0]), (1, [20.0], [50.0]), (2, [0.0], [25.0])]
+    with pytest.raises(RunDirError, match=r"no per-class accuracy \('class_accuracy'\): run with "
+                                          r"--set run.class_eval_every=N"):
+        class_curves([rec(0, 0.1)], "time", "m")
+
+
 def test_client_spread_mean_min_max_and_percentiles_over_clients_with_a_split():
     rows = [rec(0, 0.1, client_accuracy=[0.1, None, 0.5, 0.9]), rec(5, 0.2),
             rec(10, 0.3, client_accuracy=[0.2, None, 0.2, 0.8])]
@@ -194,14 +204,15 @@ def test_client_spread_mean_min_max_and_percentiles_over_clients_with_a_split():
 def test_plot_command_draws_bands_levels_and_clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for seed in (0, 1):
         make_run(tmp_path / "runs" / f"s{seed}", [rec(t, 0.1 * seed + 0.01 * t, 1e5 * t, 2e5 * t, **(
-            {"levels": [0.2, 1.0], "level_accuracy": [0.01 * t, 0.02 * t], "client_accuracy": [0.5, None, 0.1 * seed]}
+            {"levels": [0.2, 1.0], "level_accuracy": [0.01 * t, 0.02 * t], "client_accuracy": [0.5, None, 0.1 * seed],
+             "class_accuracy": [0.01 * t, None, 0.5]}
             if t % 4 == 0 else {})) for t in range(0, 21, 2)], seed=seed)
     proc = fedgmr("plot", "runs", "--x", "bytes_total", "--out", "bands.png", cwd=tmp_path)  # the installed CLI
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "bands.png" and (tmp_path / "bands.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.chdir(tmp_path)
     for args in (["runs/s0", "runs/s1", "--no-bands", "--metric", "min_coverage"],
-                 ["runs/s0", "--levels", "--x", "step"], ["runs/s1", "--clients"]):
+                 ["runs/s0", "--levels", "--x", "step"], ["runs/s1", "--clients"], ["runs/s1", "--classes"]):
         png = tmp_path / "p.png"
         png.unlink(missing_ok=True)
         result = CliRunner().invoke(app, ["plot", *args, "--out", str(png)])
@@ -214,6 +225,9 @@ def test_plot_command_draws_bands_levels_and_clients(tmp_path: Path, monkeypatch
     (["runs/s0", "runs/s0", "--levels"], 2, "--levels plots one run: give one run directory (got 2)"),
     (["runs/s0", "--clients", "--metric", "loss"], 2, "--clients plots accuracy: drop --metric loss"),
     (["runs/s0", "--clients"], 3, "no per-client accuracy ('client_accuracy')"),
+    (["runs/s0", "--classes"], 3, "no per-class accuracy ('class_accuracy')"),
+    (["runs/s0", "--classes", "--levels"], 2, "give one of --levels, --clients and --classes (got --levels and "
+                                              "--classes)"),
     (["runs/s0", "--x", "bytes"], 2, "invalid value for '--x'"),
 ])
 def test_plot_command_errors_are_one_line(tmp_path: Path, args: list[str], code: int, needle: str,

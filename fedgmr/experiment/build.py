@@ -33,7 +33,7 @@ from fedgmr.sim.simulator import ComputeModel, Coordination, Simulator
 from fedgmr.strategy.distill import attach_public, distill_half
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.server_halves import server_half
-from fedgmr.training.evaluate import evaluate
+from fedgmr.training.evaluate import class_report, evaluate
 from fedgmr.training.local import TrainSettings
 
 #: executors by name: ``factory(workload, config) -> Executor``
@@ -367,6 +367,19 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         models = own(sims[0].published_version) if own is not None else [(flat, bufs)] * n
         return [method.personal_model(eval_model, space, p, b, held.get(c, {})) for c, (p, b) in enumerate(models)]
 
+    def class_report_of(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        space.load(eval_model, flat)
+        set_buffers(eval_model, bufs)
+        tx, ty = splits["test"]
+        return class_report(eval_model, tx, ty, data.num_classes)
+
+    if cfg.run.class_eval_every is not None:
+        if data.task != "classification":
+            raise ConfigError(f"run.class_eval_every needs a classification task; {cfg.data.name!r} is {data.task!r}")
+        if cfg.local.algorithm == "fedmd":
+            raise ConfigError("run.class_eval_every reads the global model, and fedmd has none (its clients keep "
+                              "their own models)")
+
     diagnostics = Diagnostics(
         evaluate_test=lambda flat, bufs: evaluator(flat, bufs, "test")[0],
         level_masks=lambda: [strategy.policy.mask(level) for level in range(len(strategy.ladder.ladder))],
@@ -378,7 +391,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         personal_models=personal_models, personal_every=cfg.run.personal_eval_every,
         evaluate_personal=evaluate_personal,
         coverage_stats=strategy.coverage_stats, client_levels=lambda: list(strategy.ladder.levels),
-        coverage_every=cfg.run.coverage_eval_every)
+        coverage_every=cfg.run.coverage_eval_every,
+        class_report=class_report_of, class_every=cfg.run.class_eval_every)
 
     net = cfg.network
     network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,

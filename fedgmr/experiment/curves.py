@@ -223,6 +223,28 @@ def level_curves(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
     return [(level, np.asarray(xs), np.asarray(ys)) for level, (xs, ys) in sorted(curves.items())]
 
 
+def class_curves(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
+                  ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """One ``(class, x, accuracy %)`` curve per class, from the records that hold
+    ``class_accuracy``; a class the test split lacks (null) has no points."""
+    with_classes = [(n, r) for n, r in enumerate(rows, 1) if r.get("class_accuracy") is not None]
+    if not with_classes:
+        raise RunDirError(f"{where} has no per-class accuracy ('class_accuracy'): run with "
+                          f"--set run.class_eval_every=N")
+    x = axis_values([r for _, r in with_classes], axis, where)
+    curves: dict[int, tuple[list[float], list[float]]] = {}
+    for (n, row), xv in zip(with_classes, x):
+        accs = row["class_accuracy"]
+        if not isinstance(accs, list):
+            raise RunDirError(f"{where}: record {n} has a 'class_accuracy' that is not a list")
+        for c, acc in enumerate(accs):
+            if finite_number(acc):
+                xs, ys = curves.setdefault(c, ([], []))
+                xs.append(float(xv))
+                ys.append(100.0 * float(acc))
+    return [(c, np.asarray(xs), np.asarray(ys)) for c, (xs, ys) in sorted(curves.items())]
+
+
 @dataclass
 class ClientSpread:
     """Per-client accuracy (%) over the records that hold it: mean, min, max, 10th and

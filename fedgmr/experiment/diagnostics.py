@@ -8,6 +8,10 @@
 * ``client_accuracy``: the global model on each client's own held-out split
   (``data.client_val_fraction``), one value per client; its spread shows who the global
   model serves badly.
+* ``class_accuracy`` / ``predicted_share``: the global model's accuracy on each class of
+  the test split, and the share of test samples it predicts as each class. Under label
+  skew they show whose classes the global model serves (a model that predicts mostly the
+  classes of the fastest clients, say).
 * ``personal_accuracy`` / ``personal_std`` / ``personal_worst10`` (and the per-client
   ``personal_accuracies``): every client's *own* model - the global model for a method
   without personal state, Ditto's personal model, the global model with the client's own
@@ -76,12 +80,15 @@ class Diagnostics:
     coverage_stats: Callable[[], dict[str, Any]] | None = None
     client_levels: Callable[[], list[int]] = list
     coverage_every: int | None = None
+    #: ``class_report(params, buffers)`` -> {"class_accuracy": ..., "predicted_share": ...}
+    class_report: Callable[[torch.Tensor, dict[str, torch.Tensor]], dict[str, Any]] | None = None
+    class_every: int | None = None
     _cache: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def enabled(self) -> bool:
         return (self.level_every is not None or self.client_every is not None or self.personal_every is not None
-                or self.coverage_every is not None)
+                or self.coverage_every is not None or self.class_every is not None)
 
     def _due(self, every: int | None, index: int) -> bool:
         return every is not None and index % every == 0
@@ -105,6 +112,9 @@ class Diagnostics:
         if self._due(self.client_every, index):
             out["client_accuracy"] = self._cached("client", version, lambda: [
                 self.evaluate_split(params, buffers, x, y)[0] if len(y) else None for x, y in self.client_splits])
+        if self._due(self.class_every, index) and self.class_report is not None:
+            report = self.class_report
+            out.update(self._cached("class", version, lambda: report(params, buffers)))
         if self._due(self.coverage_every, index) and self.coverage_stats is not None:
             out.update(self.coverage_stats())
             out.update(level_energy(params, self.level_masks(), self.client_levels()))

@@ -205,6 +205,20 @@ def plot_levels(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
                        title=f"{run_label(run_dir)}: accuracy under each level's mask")
 
 
+def plot_classes(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
+    """``fedgmr plot --classes``: the global model's accuracy on each class of one run."""
+    from fedgmr.experiment import curves as cv
+    from fedgmr.experiment.metrics import read_run_metrics, run_label
+
+    run_dir = Path(run_dir)
+    rows = read_run_metrics(run_dir, ("accuracy",))
+    out = [Curve(f"class {c}", xs, ys) for c, xs, ys in cv.class_curves(rows, x, run_dir / "metrics.jsonl")]
+    out.append(Curve("all classes", cv.axis_values(rows, x, run_dir / "metrics.jsonl"),
+                     cv.metric_values(rows, "accuracy", run_dir)))
+    return draw_curves(out, path, _x_label(x, [run_dir]), "test accuracy (%)",
+                       title=f"{run_label(run_dir)}: accuracy on each class")
+
+
 def plot_clients(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
     """``fedgmr plot --clients``: mean per-client accuracy with its 10-90 % and min-max
     bands over the clients, of one run."""
