@@ -287,7 +287,7 @@ def compare(
 @app.command()
 def plot(
     runs: list[Path] = typer.Argument(..., help="run directories, or directories holding runs (a sweep); "
-                                      "with --levels, --clients or --classes: one run"),
+                                      "with --levels, --clients, --classes or --coverage: one run"),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write"),
     t_star: Optional[float] = typer.Option(None, "--t-star", help="mark t* (default: the t_star the runs' "
                                            "summary.json files agree on; none: no mark)"),
@@ -303,6 +303,8 @@ def plot(
                                  "(client_accuracy) of one run"),
     classes: bool = typer.Option(False, "--classes", help="one accuracy curve per class (class_accuracy) of one "
                                  "run"),
+    coverage: bool = typer.Option(False, "--coverage", help="the share of coordinates covered by 0, 1, 2, 3, 4+ "
+                                  "updates of each aggregation (coverage_hist), stacked, of one run"),
 ) -> None:
     """Plot accuracy (and average density, dashed) or another metric against time, steps,
     bytes or wall-clock time; seeds of one experiment as a mean ± std band. A missing or
@@ -311,21 +313,24 @@ def plot(
     (without --t-star) with code 2."""
     from fedgmr.experiment.curves import expand_runs
     from fedgmr.experiment.metrics import summary_t_star
-    from fedgmr.experiment.plots import check_plot_path, plot_classes, plot_clients, plot_levels, plot_metric
+    from fedgmr.experiment.plots import (check_plot_path, plot_classes, plot_clients, plot_coverage, plot_levels,
+                                         plot_metric)
 
     try:
         if t_star is not None and not (math.isfinite(t_star) and t_star >= 0):
             raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 (got {t_star})")
         check_plot_path(out, "--out")
         single = {"--levels": (levels, plot_levels), "--clients": (clients, plot_clients),
-                  "--classes": (classes, plot_classes)}
+                  "--classes": (classes, plot_classes), "--coverage": (coverage, plot_coverage)}
         chosen = [flag for flag, (on, _) in single.items() if on]
         if chosen:
             flag = chosen[0]
             if len(chosen) > 1:
-                raise ConfigError(f"give one of --levels, --clients and --classes (got {' and '.join(chosen)})")
+                raise ConfigError(f"give one of --levels, --clients, --classes and --coverage (got "
+                                  f"{' and '.join(chosen)})")
             if metric != "accuracy":
-                raise ConfigError(f"{flag} plots accuracy: drop --metric {metric}")
+                what = "coverage shares" if flag == "--coverage" else "accuracy"
+                raise ConfigError(f"{flag} plots {what}: drop --metric {metric}")
             if len(runs) != 1:
                 raise ConfigError(f"{flag} plots one run: give one run directory (got {len(runs)})")
             single[flag][1](runs[0], out, x=x)

@@ -3,7 +3,7 @@
 Listing commands (`methods`, `presets`, `config ...`) run exactly as written; a `sweep`
 runs with `--dry-run` (its file is read and every cell resolved); a `table` or a `plot`
 runs exactly as written on small run directories made where it names them (two seeds of
-one experiment under each, or one run for `plot --levels` / `--clients` / `--classes`). A `run`
+one experiment under each, or one run for `plot --levels` / `--clients` / `--classes` / `--coverage`). A `run`
 command is checked by resolving the same preset/file and `--set` overrides with
 `fedgmr config` (a full run of a preset takes minutes), with its `--import` modules;
 `fedgmr --version` runs as written; `fedgmr flower keys|commands` run exactly as written,
@@ -72,7 +72,7 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert f"{2 * len(dirs)} seeds per cell" in proc.stdout
         return
     elif sub == "plot":  # exactly as written, on small run directories made where it names them
-        one_run = "--levels" in args or "--clients" in args or "--classes" in args
+        one_run = any(flag in args for flag in ("--levels", "--clients", "--classes", "--coverage"))
         for d in _positional(args[1:]):
             (_fake_run if one_run else _fake_runs)(tmp_path / d)
         proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
@@ -152,7 +152,7 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
 
 #: options that take no value
 FLAGS = frozenset({"--json", "--dry-run", "--quiet", "-q", "--overwrite", "--bands", "--no-bands", "--levels",
-                   "--clients", "--classes"})
+                   "--clients", "--classes", "--coverage"})
 
 
 def _positional(args: list[str]) -> list[str]:
@@ -195,7 +195,7 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
              "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "coverage_min": 1, "pruned_energy_mean": 0.5, "bytes_up": 1e4 * t, "bytes_down": 2e4 * t,
              **({"levels": [0.2, 1.0], "level_accuracy": [0.4, 0.5], "client_accuracy": [0.5, None, 0.7],
-                 "class_accuracy": [0.3, None, 0.9], "predicted_share": [0.4, 0.0, 0.6],
+                 "class_accuracy": [0.3, None, 0.9], "predicted_share": [0.4, 0.0, 0.6], "coverage_hist": [5, 3, 2],
                  "personal_accuracy": 0.6, "personal_std": 0.1, "personal_worst10": 0.4, "cluster_purity": 0.75,
                  "personal_accuracies": [0.4, 0.6, 0.8]}
                 if t % 100 == 0 else {})}

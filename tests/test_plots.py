@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from conftest import tiny_config
 from fedgmr.cli import app
 from fedgmr.errors import ConfigError, RunDirError
-from fedgmr.experiment.curves import (axis_values, class_curves, client_spread, expand_runs, group_labels, group_seeds,
-                                      last_per_x, level_curves, metric_values, seed_band)
+from fedgmr.experiment.curves import (axis_values, class_curves, client_spread, coverage_shares, expand_runs,
+                                      group_labels, group_seeds, last_per_x, level_curves, metric_values, seed_band)
 from fedgmr.experiment.plots import metric_curves
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
@@ -189,6 +189,22 @@ def test_class_curves_one_per_class_and_an_absent_class_has_no_points():
         class_curves([rec(0, 0.1)], "time", "m")
 
 
+def test_coverage_shares_per_count_with_the_top_counts_pooled():
+    # 10 coordinates: before any aggregation all are covered by none (K = 0); then
+    # counts 0..5 hold 1, 2, 3, 1, 2, 1 coordinates: the last three pool into "4 or more"
+    rows = [rec(0, 0.1, coverage_hist=[10]), rec(10, 0.2), rec(20, 0.3, coverage_hist=[1, 2, 3, 1, 2, 1])]
+    x, shares, labels = coverage_shares(rows, "time", "m", top=4)
+    assert x.tolist() == [0.0, 20.0]
+    assert shares.ravel().tolist() == pytest.approx([1.0, 0.1, 0.0, 0.2, 0.0, 0.3, 0.0, 0.1, 0.0, 0.3])
+    assert labels == ["covered by none", "covered by 1 update", "covered by 2 updates", "covered by 3 updates",
+                      "by 4 or more"]
+    with pytest.raises(RunDirError, match=r"no coverage histogram \('coverage_hist'\): run with "
+                                          r"--set run.coverage_eval_every=N"):
+        coverage_shares([rec(0, 0.1)], "time", "m")
+    with pytest.raises(RunDirError, match="record 1 has a 'coverage_hist' that is not a list of counts"):
+        coverage_shares([rec(0, 0.1, coverage_hist=[1, -2])], "time", "m")
+
+
 def test_client_spread_mean_min_max_and_percentiles_over_clients_with_a_split():
     rows = [rec(0, 0.1, client_accuracy=[0.1, None, 0.5, 0.9]), rec(5, 0.2),
             rec(10, 0.3, client_accuracy=[0.2, None, 0.2, 0.8])]
@@ -205,14 +221,15 @@ def test_plot_command_draws_bands_levels_and_clients(tmp_path: Path, monkeypatch
     for seed in (0, 1):
         make_run(tmp_path / "runs" / f"s{seed}", [rec(t, 0.1 * seed + 0.01 * t, 1e5 * t, 2e5 * t, **(
             {"levels": [0.2, 1.0], "level_accuracy": [0.01 * t, 0.02 * t], "client_accuracy": [0.5, None, 0.1 * seed],
-             "class_accuracy": [0.01 * t, None, 0.5]}
+             "class_accuracy": [0.01 * t, None, 0.5], "coverage_hist": [t, 3, 2, 0, 1, 1]}
             if t % 4 == 0 else {})) for t in range(0, 21, 2)], seed=seed)
     proc = fedgmr("plot", "runs", "--x", "bytes_total", "--out", "bands.png", cwd=tmp_path)  # the installed CLI
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "bands.png" and (tmp_path / "bands.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.chdir(tmp_path)
     for args in (["runs/s0", "runs/s1", "--no-bands", "--metric", "min_coverage"],
-                 ["runs/s0", "--levels", "--x", "step"], ["runs/s1", "--clients"], ["runs/s1", "--classes"]):
+                 ["runs/s0", "--levels", "--x", "step"], ["runs/s1", "--clients"], ["runs/s1", "--classes"],
+                 ["runs/s0", "--coverage", "--x", "step"]):
         png = tmp_path / "p.png"
         png.unlink(missing_ok=True)
         result = CliRunner().invoke(app, ["plot", *args, "--out", str(png)])
@@ -226,8 +243,9 @@ def test_plot_command_draws_bands_levels_and_clients(tmp_path: Path, monkeypatch
     (["runs/s0", "--clients", "--metric", "loss"], 2, "--clients plots accuracy: drop --metric loss"),
     (["runs/s0", "--clients"], 3, "no per-client accuracy ('client_accuracy')"),
     (["runs/s0", "--classes"], 3, "no per-class accuracy ('class_accuracy')"),
-    (["runs/s0", "--classes", "--levels"], 2, "give one of --levels, --clients and --classes (got --levels and "
-                                              "--classes)"),
+    (["runs/s0", "--classes", "--levels"], 2, "give one of --levels, --clients, --classes and --coverage (got "
+                                              "--levels and --classes)"),
+    (["runs/s0", "--coverage", "--metric", "loss"], 2, "--coverage plots coverage shares: drop --metric loss"),
     (["runs/s0", "--x", "bytes"], 2, "invalid value for '--x'"),
 ])
 def test_plot_command_errors_are_one_line(tmp_path: Path, args: list[str], code: int, needle: str,

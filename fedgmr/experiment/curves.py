@@ -245,6 +245,30 @@ def class_curves(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
     return [(c, np.asarray(xs), np.asarray(ys)) for c, (xs, ys) in sorted(curves.items())]
 
 
+def coverage_shares(rows: Sequence[dict[str, Any]], axis: str, where: str | Path, top: int = 4
+                    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The share of coordinates that each coverage count reaches in the last aggregation,
+    from the records that hold ``coverage_hist``: ``(x, shares, labels)`` with one row of
+    ``shares`` per count 0, 1, ..., ``top`` - 1 and a last row for ``top`` or more."""
+    with_hist = [(n, r) for n, r in enumerate(rows, 1) if r.get("coverage_hist") is not None]
+    if not with_hist:
+        raise RunDirError(f"{where} has no coverage histogram ('coverage_hist'): run with "
+                          f"--set run.coverage_eval_every=N")
+    x = axis_values([r for _, r in with_hist], axis, where)
+    shares = np.zeros((top + 1, len(with_hist)))
+    for j, (n, row) in enumerate(with_hist):
+        hist = row["coverage_hist"]
+        if not isinstance(hist, list) or not hist or not all(finite_number(h) and h >= 0 for h in hist) \
+                or sum(hist) <= 0:
+            raise RunDirError(f"{where}: record {n} has a 'coverage_hist' that is not a list of counts")
+        total = float(sum(hist))
+        for c, h in enumerate(hist):
+            shares[min(c, top), j] += h / total
+    labels = [f"covered by {c} update{'s' if c != 1 else ''}" for c in range(top)] + [f"by {top} or more"]
+    labels[0] = "covered by none"
+    return np.asarray(x, dtype=float), shares, labels
+
+
 @dataclass
 class ClientSpread:
     """Per-client accuracy (%) over the records that hold it: mean, min, max, 10th and

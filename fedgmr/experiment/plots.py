@@ -75,6 +75,8 @@ class Curve:
     outer: tuple[np.ndarray, np.ndarray] | None = None
     #: (x, y) on the right axis, dashed (average density)
     dashed: tuple[np.ndarray, np.ndarray] | None = None
+    #: a fixed colour (a reference line among many), else the next of the colour cycle
+    color: str | None = None
 
 
 def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: str, title: str | None = None,
@@ -84,13 +86,17 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
     ax2 = ax.twinx() if any(c.dashed is not None for c in curves) else None
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, c in enumerate(curves):
-        color = colors[i % len(colors)]
+    cycle = 0
+    for c in curves:
+        if c.color is None:
+            color, cycle = colors[cycle % len(colors)], cycle + 1
+        else:
+            color = c.color
         if c.outer is not None:
             ax.fill_between(c.x, *c.outer, color=color, alpha=0.12, lw=0)
         if c.band is not None:
             ax.fill_between(c.x, *c.band, color=color, alpha=0.25, lw=0)
-        ax.plot(c.x, c.y, color=color, lw=1.6, label=c.label)
+        ax.plot(c.x, c.y, color=color, lw=2.2 if c.color else 1.6, label=c.label)
         if c.dashed is not None and ax2 is not None:
             ax2.plot(*c.dashed, color=color, lw=1.1, ls="--", alpha=0.8)
     if ax2 is not None:
@@ -200,7 +206,7 @@ def plot_levels(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
     levels = cv.level_curves(rows, x, run_dir / "metrics.jsonl")
     out = [Curve(f"level {i} (density {level:g})", xs, ys) for i, (level, xs, ys) in enumerate(levels)]
     full = [(cv.axis_values(rows, x, run_dir / "metrics.jsonl"), cv.metric_values(rows, "accuracy", run_dir))]
-    out.append(Curve("global model", full[0][0], full[0][1]))
+    out.append(Curve("global model", full[0][0], full[0][1], color="black"))
     return draw_curves(out, path, _x_label(x, [run_dir]), "test accuracy (%)",
                        title=f"{run_label(run_dir)}: accuracy under each level's mask")
 
@@ -214,9 +220,35 @@ def plot_classes(run_dir: str | Path, path: str | Path, x: str = "time") -> Path
     rows = read_run_metrics(run_dir, ("accuracy",))
     out = [Curve(f"class {c}", xs, ys) for c, xs, ys in cv.class_curves(rows, x, run_dir / "metrics.jsonl")]
     out.append(Curve("all classes", cv.axis_values(rows, x, run_dir / "metrics.jsonl"),
-                     cv.metric_values(rows, "accuracy", run_dir)))
+                     cv.metric_values(rows, "accuracy", run_dir), color="black"))
     return draw_curves(out, path, _x_label(x, [run_dir]), "test accuracy (%)",
                        title=f"{run_label(run_dir)}: accuracy on each class")
+
+
+def plot_coverage(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
+    """``fedgmr plot --coverage``: the share of coordinates covered by 0, 1, 2, 3 and 4 or
+    more of the updates of each aggregation (``coverage_hist``), stacked, of one run."""
+    from fedgmr.experiment import curves as cv
+    from fedgmr.experiment.metrics import read_run_metrics, run_label
+
+    run_dir = Path(run_dir)
+    xs, shares, labels = cv.coverage_shares(read_run_metrics(run_dir, ("accuracy",)), x, run_dir / "metrics.jsonl")
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    ax.stackplot(xs, 100.0 * shares, labels=labels, alpha=0.85, step="post")
+    ax.set_xlabel(_x_label(x, [run_dir]))
+    ax.set_ylabel("coordinates (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"{run_label(run_dir)}: coverage of each aggregation")
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise FedGMRError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return path
 
 
 def plot_clients(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
