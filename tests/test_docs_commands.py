@@ -188,7 +188,7 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
 
     d.mkdir(parents=True)
     cfg = {"name": name or d.name, "method": "fedgmr", "seed": seed, "clients": {"heterogeneity": "high"},
-           "data": {"partition": "dirichlet"}, "network": {"ims": True},  # keys the tables' --rows/--cols name
+           "data": {"partition": "dirichlet", "alpha": 0.6}, "network": {"ims": True},  # keys the tables' --rows/--cols name
            "local": {"algorithm": "sgd", "stragglers": 0.0, "prox_mu": 0.01},
            "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
