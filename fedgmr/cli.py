@@ -523,7 +523,8 @@ def table(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table to this file"),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy, "
                                "personal_worst10, personal_std (each client's own model on its own test split), "
-                               "cluster_purity or coverage_min (Gamma*): the windowed mean of that series"),
+                               "cluster_purity, coverage_min (Gamma*) or coverage_none (the share of coordinates no "
+                               "aggregated update covers): the windowed mean of that series"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.metrics import MissingMetricError

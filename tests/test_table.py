@@ -273,3 +273,20 @@ def test_cli_table_takes_several_t_stars_and_refuses_them_with_another_value(tmp
         bad = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), *extra],
                              capture_output=True, text=True, env=ENV, timeout=scaled(300))
         assert bad.returncode == 2 and match in bad.stderr and bad.stderr.count("\n") == 1, (extra, bad.stderr)
+
+
+def test_coverage_none_is_the_uncovered_share_of_each_histogram_and_lowest_is_bold(tmp_path: Path):
+    """coverage_hist [h0, h1, ...]: coverage_none = h0 / sum. Nested masks with no dense
+    client leave 6 of 10 coordinates uncovered (0.6); random ones 1 of 10 (0.1)."""
+    for seed in (0, 1):
+        for method, hist in (("fedgmr_nested", [6, 3, 1]), ("fedgmr_random", [1, 5, 4])):
+            d = _run(tmp_path, method, seed, "high", 0.5)
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for r in rows[1:]:  # the first record has no histogram: left out of the window
+                r["coverage_hist"] = hist
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = build_table([read_run(p, "coverage_none") for p in find_runs([tmp_path])], t_star=10.0, mri_of=None)
+    assert t.cells[(("fedgmr_nested",), ())]["mean"] == pytest.approx(0.6)
+    assert t.cells[(("fedgmr_random",), ())]["mean"] == pytest.approx(0.1)
+    text = render(t, "md")
+    assert "Bold: lowest mean" in text and "**10.00 ± 0.00**" in text and "60.00 ± 0.00" in text

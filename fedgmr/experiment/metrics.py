@@ -62,7 +62,26 @@ TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
                 accuracy=False),
     TableMetric("coverage_min", "minimum coverage index Gamma* of the aggregations (run.coverage_eval_every)",
                 percent=False, accuracy=False),
+    TableMetric("coverage_none", "share of coordinates no aggregated update covers, coverage_hist[0] / N "
+                "(run.coverage_eval_every; lower is better)", higher_is_better=False, accuracy=False),
 )}
+
+
+def _coverage_none(row: dict[str, Any]) -> Any:
+    hist = row.get("coverage_hist")
+    if not isinstance(hist, list) or not hist or not all(finite_number(h) for h in hist) or sum(hist) <= 0:
+        return None
+    return float(hist[0]) / float(sum(hist))
+
+
+#: table metrics computed from other record keys (the rest are read as logged)
+DERIVED_METRICS: dict[str, Any] = {"coverage_none": _coverage_none}
+
+
+def metric_value(row: dict[str, Any], metric: str) -> Any:
+    """A record's value of a table metric: as logged, or derived (``coverage_none``)."""
+    derive = DERIVED_METRICS.get(metric)
+    return derive(row) if derive is not None else row.get(metric)
 ACCURACY_METRICS = tuple(TABLE_METRICS)
 
 
@@ -76,7 +95,8 @@ def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path
     if metric not in ACCURACY_METRICS:
         raise ConfigError(f"invalid value for '--metric': must be one of {', '.join(ACCURACY_METRICS)} "
                           f"(got {metric!r})")
-    pairs = [(float(r["time"]), float(r[metric])) for r in rows if finite_number(r.get(metric))]
+    pairs = [(float(r["time"]), float(metric_value(r, metric))) for r in rows
+             if finite_number(metric_value(r, metric))]
     if not pairs:
         raise MissingMetricError(f"{where}: no record holds {metric!r} (personalised metrics need run.personal_eval_every "
                           f"and data.client_test_fraction > 0)")

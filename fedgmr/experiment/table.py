@@ -21,8 +21,8 @@ import numpy as np
 import yaml
 
 from fedgmr.errors import ConfigError, FedGMRError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_t, finite_number, flatten_config, metric_series,
-                                      mri, read_run_metrics,
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_t, finite_number, flatten_config,
+                                      metric_series, metric_value, mri, read_run_metrics,
                                       run_clock, run_eval_interval, time_to_accuracy)
 
 #: the paper's six baselines: the default set an MRI row is computed over
@@ -131,7 +131,7 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
     rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
     times, accs = metric_series(rows, metric, path / "metrics.jsonl")
     if metric != "accuracy":  # bytes at the records that carry the metric
-        rows = [r for r in rows if finite_number(r.get(metric))]
+        rows = [r for r in rows if finite_number(metric_value(r, metric))]
     interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
     flat = flatten_config(config)
     case = sweep_case(path)
