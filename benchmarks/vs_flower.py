@@ -350,5 +350,6 @@ def main() -> None:
             line += f"; the process pool's speed-up is {med['serial'] / med['process'] / plain:.2f}x the plain pool's"
         print(line)
 
+
 if __name__ == "__main__":
     main()

@@ -563,9 +563,6 @@ def table(
                                   f"data.client_test_fraction > 0; cluster_purity a clustered method)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
-        if len(t_stars) > 1 and (value != "acc" or target is not None):
-            raise ConfigError("several --t-star values make a table of Acc@t* only (no --value final/time, "
-                              "no --target)")
         result = join_t_stars([build_table(runs, t, rows=[k.strip() for k in rows.split(",") if k.strip()],
                                            cols=None if cols is None else [k.strip() for k in cols.split(",")
                                                                            if k.strip()],

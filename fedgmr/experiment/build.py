@@ -332,11 +332,15 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     shared = client_splits(cfg, data, partition)
     splits = {"test": shared.global_test, "val": shared.server_val}
 
-    def evaluate_split(flat: torch.Tensor, bufs: dict[str, torch.Tensor], sx: torch.Tensor,
-                       sy: torch.Tensor) -> tuple[float, float]:
+    def loaded(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> nn.Module:
+        """The evaluation model holding ``flat`` and ``bufs``."""
         space.load(eval_model, flat)
         set_buffers(eval_model, bufs)
-        return evaluate(eval_model, sx, sy, data.task, data.pad_index)
+        return eval_model
+
+    def evaluate_split(flat: torch.Tensor, bufs: dict[str, torch.Tensor], sx: torch.Tensor,
+                       sy: torch.Tensor) -> tuple[float, float]:
+        return evaluate(loaded(flat, bufs), sx, sy, data.task, data.pad_index)
 
     method = workload.client_method
     sims: list[Simulator] = []  # the simulator, once it exists (its client states are read at each evaluation)
@@ -368,10 +372,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         return [method.personal_model(eval_model, space, p, b, held.get(c, {})) for c, (p, b) in enumerate(models)]
 
     def class_report_of(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> dict[str, Any]:
-        space.load(eval_model, flat)
-        set_buffers(eval_model, bufs)
         tx, ty = splits["test"]
-        return class_report(eval_model, tx, ty, data.num_classes)
+        return class_report(loaded(flat, bufs), tx, ty, data.num_classes)
 
     if cfg.run.class_eval_every is not None:
         if data.task != "classification":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -201,48 +201,53 @@ def group_labels(groups: Sequence[Sequence[Path]], names: Sequence[str]) -> list
     return [f"{label} [{g[0].name}]" if out.count(label) > 1 else label for label, g in zip(out, groups)]
 
 
+def _records_with(rows: Sequence[dict[str, Any]], key: str, axis: str, where: str | Path, what: str,
+                  setting: str) -> tuple[list[tuple[int, dict[str, Any]]], list[float]]:
+    """The records that hold ``key`` (with their 1-based numbers) and their ``axis``
+    values; a one-line error naming the ``run.`` setting that logs it when none does."""
+    held = [(n, r) for n, r in enumerate(rows, 1) if r.get(key) is not None]
+    if not held:
+        raise RunDirError(f"{where} has no {what} ('{key}'): run with --set run.{setting}=N")
+    return held, axis_values([r for _, r in held], axis, where)
+
+
+def _gather(points: Iterable[tuple[Any, float, float]]) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+    """``(key, x, accuracy %)`` curves, in key order, from ``(key, x, accuracy)`` points."""
+    curves: dict[Any, tuple[list[float], list[float]]] = {}
+    for key, xv, acc in points:
+        xs, ys = curves.setdefault(key, ([], []))
+        xs.append(float(xv))
+        ys.append(100.0 * float(acc))
+    return [(key, np.asarray(xs), np.asarray(ys)) for key, (xs, ys) in sorted(curves.items())]
+
+
 def level_curves(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
                  ) -> list[tuple[float, np.ndarray, np.ndarray]]:
     """One ``(level density, x, accuracy %)`` curve per ladder level, from the records that
     hold ``level_accuracy`` (aligned with their ``levels``), in order of density."""
-    with_levels = [(n, r) for n, r in enumerate(rows, 1) if r.get("level_accuracy") is not None]
-    if not with_levels:
-        raise RunDirError(f"{where} has no per-level accuracy ('level_accuracy'): run with "
-                          f"--set run.level_eval_every=N")
-    x = axis_values([r for _, r in with_levels], axis, where)
-    curves: dict[float, tuple[list[float], list[float]]] = {}
-    for (n, row), xv in zip(with_levels, x):
+    held, x = _records_with(rows, "level_accuracy", axis, where, "per-level accuracy", "level_eval_every")
+    points = []
+    for (n, row), xv in zip(held, x):
         levels, accs = row.get("levels"), row["level_accuracy"]
         if not isinstance(levels, list) or not isinstance(accs, list) or len(levels) != len(accs):
             raise RunDirError(f"{where}: record {n} has a 'level_accuracy' not aligned with its 'levels'")
-        for level, acc in zip(levels, accs):
-            if finite_number(acc) and finite_number(level):
-                xs, ys = curves.setdefault(float(level), ([], []))
-                xs.append(float(xv))
-                ys.append(100.0 * float(acc))
-    return [(level, np.asarray(xs), np.asarray(ys)) for level, (xs, ys) in sorted(curves.items())]
+        points += [(float(level), xv, acc) for level, acc in zip(levels, accs)
+                   if finite_number(acc) and finite_number(level)]
+    return _gather(points)
 
 
 def class_curves(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
-                  ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+                 ) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """One ``(class, x, accuracy %)`` curve per class, from the records that hold
     ``class_accuracy``; a class the test split lacks (null) has no points."""
-    with_classes = [(n, r) for n, r in enumerate(rows, 1) if r.get("class_accuracy") is not None]
-    if not with_classes:
-        raise RunDirError(f"{where} has no per-class accuracy ('class_accuracy'): run with "
-                          f"--set run.class_eval_every=N")
-    x = axis_values([r for _, r in with_classes], axis, where)
-    curves: dict[int, tuple[list[float], list[float]]] = {}
-    for (n, row), xv in zip(with_classes, x):
+    held, x = _records_with(rows, "class_accuracy", axis, where, "per-class accuracy", "class_eval_every")
+    points = []
+    for (n, row), xv in zip(held, x):
         accs = row["class_accuracy"]
         if not isinstance(accs, list):
             raise RunDirError(f"{where}: record {n} has a 'class_accuracy' that is not a list")
-        for c, acc in enumerate(accs):
-            if finite_number(acc):
-                xs, ys = curves.setdefault(c, ([], []))
-                xs.append(float(xv))
-                ys.append(100.0 * float(acc))
-    return [(c, np.asarray(xs), np.asarray(ys)) for c, (xs, ys) in sorted(curves.items())]
+        points += [(c, xv, acc) for c, acc in enumerate(accs) if finite_number(acc)]
+    return _gather(points)
 
 
 def coverage_shares(rows: Sequence[dict[str, Any]], axis: str, where: str | Path, top: int = 4
@@ -250,13 +255,9 @@ def coverage_shares(rows: Sequence[dict[str, Any]], axis: str, where: str | Path
     """The share of coordinates that each coverage count reaches in the last aggregation,
     from the records that hold ``coverage_hist``: ``(x, shares, labels)`` with one row of
     ``shares`` per count 0, 1, ..., ``top`` - 1 and a last row for ``top`` or more."""
-    with_hist = [(n, r) for n, r in enumerate(rows, 1) if r.get("coverage_hist") is not None]
-    if not with_hist:
-        raise RunDirError(f"{where} has no coverage histogram ('coverage_hist'): run with "
-                          f"--set run.coverage_eval_every=N")
-    x = axis_values([r for _, r in with_hist], axis, where)
-    shares = np.zeros((top + 1, len(with_hist)))
-    for j, (n, row) in enumerate(with_hist):
+    held, x = _records_with(rows, "coverage_hist", axis, where, "coverage histogram", "coverage_eval_every")
+    shares = np.zeros((top + 1, len(held)))
+    for j, (n, row) in enumerate(held):
         hist = row["coverage_hist"]
         if not isinstance(hist, list) or not hist or not all(finite_number(h) and h >= 0 for h in hist) \
                 or sum(hist) <= 0:

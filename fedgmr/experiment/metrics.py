@@ -65,6 +65,7 @@ TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
     TableMetric("coverage_none", "share of coordinates no aggregated update covers, coverage_hist[0] / N "
                 "(run.coverage_eval_every; lower is better)", higher_is_better=False, accuracy=False),
 )}
+ACCURACY_METRICS = tuple(TABLE_METRICS)
 
 
 def _coverage_none(row: dict[str, Any]) -> Any:
@@ -82,7 +83,6 @@ def metric_value(row: dict[str, Any], metric: str) -> Any:
     """A record's value of a table metric: as logged, or derived (``coverage_none``)."""
     derive = DERIVED_METRICS.get(metric)
     return derive(row) if derive is not None else row.get(metric)
-ACCURACY_METRICS = tuple(TABLE_METRICS)
 
 
 class MissingMetricError(RunDirError):
@@ -95,8 +95,8 @@ def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path
     if metric not in ACCURACY_METRICS:
         raise ConfigError(f"invalid value for '--metric': must be one of {', '.join(ACCURACY_METRICS)} "
                           f"(got {metric!r})")
-    pairs = [(float(r["time"]), float(metric_value(r, metric))) for r in rows
-             if finite_number(metric_value(r, metric))]
+    values = [(r, metric_value(r, metric)) for r in rows]
+    pairs = [(float(r["time"]), float(v)) for r, v in values if finite_number(v)]
     if not pairs:
         raise MissingMetricError(f"{where}: no record holds {metric!r} (personalised metrics need run.personal_eval_every "
                           f"and data.client_test_fraction > 0)")

@@ -110,6 +110,11 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
     ax.legend(loc=legend_loc, fontsize=8)
     if title:
         ax.set_title(title)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (a one-line error when it cannot be written) and close it."""
     fig.tight_layout()
     path = Path(path)
     try:
@@ -240,15 +245,7 @@ def plot_coverage(run_dir: str | Path, path: str | Path, x: str = "time") -> Pat
     ax.set_ylim(0, 100)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(f"{run_label(run_dir)}: coverage of each aggregation")
-    fig.tight_layout()
-    path = Path(path)
-    try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise FedGMRError(f"cannot write plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_clients(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
