@@ -265,6 +265,10 @@ class SubmodelConfig(_Section):
         ``rolling``, ``coverage_max``) extract again at every server step.
     coverage_decay: ``coverage_max``'s ``λ`` in the recent coverage ``H_k = λ H_{k-1} + Γ_k``
         (docs/methods/epm.md).
+    per_client: the extraction policies only: draw every client its own mask at each
+        dispatch (EPM's setting: the clients of one round cover different coordinates)
+        instead of one nested ranking per round that clients of a level share. Needs
+        ``network.ims: false`` (IMS multicasts nested level blocks).
     """
 
     policy: str = "magnitude"
@@ -275,6 +279,7 @@ class SubmodelConfig(_Section):
     layer_costs: list[float] | dict[str, float] | None = None
     refresh_every: int | Literal["check_interval"] | None = "check_interval"
     coverage_decay: float = Field(0.9, ge=0, le=1)
+    per_client: bool = False
     baseline: BaselineConfig = Field(default_factory=BaselineConfig)
 
     @field_validator("refresh_every")
@@ -514,6 +519,10 @@ class RunConfig(_Section):
     #: ``coverage_groups``, ``coverage_group_min``, ``pruned_energy`` and
     #: ``pruned_energy_mean`` every that many test evaluations (null: off)
     coverage_eval_every: int | None = Field(None, ge=1)
+    #: with coverage_eval_every: also the coverage of the last this many aggregations
+    #: together (``window_coverage_min``, ``window_coverage_none``) and the share of
+    #: coordinates never covered so far (``coverage_never``); null: off
+    coverage_window: int | None = Field(10, ge=1)
     #: experiment trackers fed every metrics record: tensorboard, mlflow, wandb
     #: (fedgmr.experiment.loggers; each needs its pip extra, e.g. fedgmr[tensorboard])
     loggers: list[str] = Field(default_factory=list)

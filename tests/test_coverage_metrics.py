@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import simulate, tiny_config
-from fedgmr.algorithm.coverage import (aggregation_coverage, coverage_histogram, group_min_coverage,
-                                       level_energy, pruned_energy, union_min_coverage)
+from fedgmr.algorithm.coverage import (CoverageWindow, aggregation_coverage, coverage_histogram,
+                                       group_min_coverage, level_energy, pruned_energy, union_min_coverage)
 from fedgmr.experiment.curves import metric_values
 from fedgmr.experiment.plots import metric_curves
 
@@ -68,6 +68,56 @@ def test_pruned_energy_sums_the_squares_the_mask_leaves_out():
                    "pruned_energy_mean": (29.25 + 29.25 + 18.5 + 0.0) / 4}
 
 
+def test_window_sums_the_last_aggregations_and_remembers_what_was_ever_covered():
+    win = CoverageWindow(6, 2)
+    assert win.stats() == {"coverage_window": 0, "window_coverage_min": 0, "window_coverage_none": 1.0,
+                           "coverage_never": 1.0}
+    win.add([M_A, M_B])  # Γ = [2, 1, 2, 1, 0, 0]
+    assert win.stats() == {"coverage_window": 1, "window_coverage_min": 0, "window_coverage_none": 2 / 6,
+                           "coverage_never": 2 / 6}
+    win.add([M_C])  # Γ = [1, 0, 0, 0, 1, 0]; together [3, 1, 2, 1, 1, 0]
+    assert win.total.tolist() == [3, 1, 2, 1, 1, 0]
+    assert win.stats() == {"coverage_window": 2, "window_coverage_min": 0, "window_coverage_none": 1 / 6,
+                           "coverage_never": 1 / 6}
+    win.add([])  # the first aggregation leaves the window: [1, 0, 0, 0, 1, 0] + 0
+    assert win.total.tolist() == [1, 0, 0, 0, 1, 0]
+    assert win.stats()["window_coverage_none"] == 4 / 6 and win.stats()["coverage_never"] == 1 / 6
+    everything = torch.ones(6, dtype=torch.bool)
+    win.add([everything, M_A])  # window: [] and [2, 2, 2, 1, 1, 1]
+    assert win.stats() == {"coverage_window": 2, "window_coverage_min": 1, "window_coverage_none": 0.0,
+                           "coverage_never": 0.0}
+    state, tensors = win.state_dict()
+    back = CoverageWindow(6, 2)
+    back.load_state_dict(state, tensors)
+    assert back.total.tolist() == win.total.tolist() and back.stats() == win.stats()
+    back.add([M_C])
+    win.add([M_C])
+    assert back.total.tolist() == win.total.tolist() == [3, 2, 2, 1, 2, 1]
+    with pytest.raises(ValueError, match="over 2 aggregations, this run over 3"):
+        CoverageWindow(6, 3).load_state_dict(state, tensors)
+
+
+def test_nested_masks_without_a_dense_client_never_train_the_rest_and_per_client_masks_do():
+    """EPM's mechanism on a whole run: no client above density 0.5, no refresh. Nested
+    magnitude masks leave exactly the coordinates outside the largest mask untrained;
+    per-client random masks of the same sizes reach every coordinate."""
+    tiers = [0.5, 0.5, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05]
+    common = dict(method="fedgmr_wo_gmr", clients={"num_clients": 10, "heterogeneity": tiers},
+                  network={"model_size_mb": 2.0, "ims": False},
+                  run={"max_steps": 12, "eval_every": 2, "coverage_eval_every": 1, "coverage_window": 4})
+    nested, exp = simulate(tiny_config(submodel={"refresh_every": None}, **common))
+    largest = exp.strategy.policy.mask(exp.strategy.ladder.levels[0])
+    outside = 1 - int(largest.sum()) / exp.space.numel
+    assert nested[-1]["coverage_never"] == pytest.approx(outside, abs=0) and outside > 0.4
+    assert nested[-1]["window_coverage_none"] == pytest.approx(outside, abs=0)
+    assert nested[-1]["window_coverage_min"] == 0
+    spread, _ = simulate(tiny_config(submodel={"policy": "random", "per_client": True}, **common))
+    assert spread[-1]["coverage_never"] == 0.0
+    assert spread[-1]["window_coverage_none"] < outside / 4
+    never = [r["coverage_never"] for r in spread if "coverage_never" in r]
+    assert never == sorted(never, reverse=True)  # what was covered once stays covered
+
+
 def _raw(**run) -> dict:
     return tiny_config(run={"max_steps": 6, "eval_every": 1, **run})
 
@@ -99,7 +149,7 @@ def test_coverage_metrics_off_change_no_other_key():
     on, _ = simulate(_raw(coverage_eval_every=1))
     off, _ = simulate(_raw())
     new = {"coverage_hist", "coverage_min", "coverage_groups", "coverage_group_min", "pruned_energy",
-           "pruned_energy_mean"}
+           "pruned_energy_mean", "coverage_window", "window_coverage_min", "window_coverage_none", "coverage_never"}
     assert all(new <= set(r) for r in on) and not any(new & set(r) for r in off)
     assert [{k: v for k, v in r.items() if k not in new} for r in on] == off
 

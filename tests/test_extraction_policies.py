@@ -158,3 +158,87 @@ def test_magnitude_only_options_are_refused_in_one_line():
             simulate(tiny_config(submodel={"policy": "coverage_max", **extra}, run={"max_steps": 1}))
     with pytest.raises(Exception, match="coverage_decay"):
         resolve_config(tiny_config(submodel={"coverage_decay": 1.5}))
+
+
+# ---------------------------------------------------------------- per-client extraction
+def test_per_client_rolling_spreads_the_clients_windows_over_each_layer():
+    space = _space()
+    pol = CoordinateRollingPolicy(space, LADDER, PARAMS, floor=0.0, basis="prunable", per_client=True,
+                                  num_clients=2)
+    assert not pol.nested
+    # client 0: the shared windows (A from 0, B from 8); client 1: half a layer further on
+    # (A from 4, B from 10): scores 1 - q/n merge 4 (1.0), 10 (1.0), 5 (0.875)
+    assert _idx(pol.client_mask(0, 0, PARAMS)) == [0, 1, 8, 12, 13] == _sets(pol)[0]
+    assert _idx(pol.client_mask(1, 0, PARAMS)) == [4, 5, 10, 12, 13]
+    assert _idx(pol.client_mask(1, 1, PARAMS)) == [4, 5, 6, 7, 10, 11, 12, 13]
+    pol.refresh(1, PARAMS)  # both advance by the smallest level's share: A by 2, B by 1
+    assert _idx(pol.client_mask(0, 0, PARAMS)) == [2, 3, 9, 12, 13]
+    assert _idx(pol.client_mask(1, 0, PARAMS)) == [6, 7, 11, 12, 13]
+
+
+def test_per_client_random_masks_are_each_clients_own_draw():
+    from fedgmr.algorithm.extraction import random_scores
+    from fedgmr.algorithm.masks import mask_from_ranking
+
+    space = _space()
+    pol = RandomPolicy(space, LADDER, PARAMS, floor=0.0, basis="prunable", seed=11, per_client=True, num_clients=4)
+    pol.refresh(3, PARAMS)
+    masks = [pol.client_mask(c, 0, PARAMS) for c in range(4)]
+    for c, m in enumerate(masks):
+        ranking = magnitude_ranking(random_scores(space.numel, 11, 3, c), space, 0.0)
+        assert m.tolist() == mask_from_ranking(ranking, space, 0.25, 0.0, "prunable").tolist()
+        assert int(m.sum()) == int(pol.mask(0).sum())  # the level's budget: equal bytes
+    assert len({tuple(_idx(m)) for m in masks}) > 1  # one round, different coordinates
+    again = RandomPolicy(space, LADDER, PARAMS, floor=0.0, basis="prunable", seed=11, per_client=True,
+                         num_clients=4)
+    again.refresh(3, PARAMS)
+    assert [again.client_mask(c, 0, PARAMS).tolist() for c in range(4)] == [m.tolist() for m in masks]
+
+
+def test_per_client_coverage_max_plans_with_the_masks_already_dispatched():
+    space = _space()
+    pol = CoverageMaxPolicy(space, LADDER, PARAMS, floor=0.0, basis="prunable", per_client=True, num_clients=3)
+    # H = 0: the first client takes the largest |w| (9: .9, 7: .8, 6: .7); the next ones
+    # take what the round has not planned yet, again by |w|
+    assert _idx(pol.client_mask(0, 0, PARAMS)) == [6, 7, 9, 12, 13]
+    assert _idx(pol.client_mask(1, 0, PARAMS)) == [3, 4, 5, 12, 13]
+    assert _idx(pol.client_mask(2, 1, PARAMS)) == [0, 1, 2, 8, 10, 11, 12, 13]
+    assert pol.planned[:12].tolist() == [1.0] * 12 and pol.planned[12:].tolist() == [3.0, 3.0]
+    pol.refresh(1, PARAMS)  # a new round plans from scratch
+    assert not bool(pol.planned.any())
+    assert _idx(pol.client_mask(0, 0, PARAMS)) == [6, 7, 9, 12, 13]
+
+
+@pytest.mark.parametrize("policy", ["random", "rolling", "coverage_max"])
+def test_per_client_runs_give_clients_of_one_level_different_masks(policy: str):
+    records, exp = simulate(tiny_config(method="fedgmr_wo_gmr", submodel={"policy": policy, "per_client": True},
+                                        network={"model_size_mb": 2.0, "ims": False},
+                                        run={"max_steps": 6, "eval_every": 2}))
+    strat = exp.strategy
+    by_level: dict[int, list[torch.Tensor]] = {}
+    for c, m in strat._held.items():
+        by_level.setdefault(strat.ladder.levels[c], []).append(m)
+        assert int(m.sum()) == int(strat.policy.mask(strat.ladder.levels[c]).sum())  # equal bytes
+    shared = [ms for ms in by_level.values() if len(ms) > 1]
+    assert shared and all(len({tuple(_idx(m)) for m in ms}) == len(ms) for ms in shared)
+
+
+@pytest.mark.parametrize("policy", ["random", "coverage_max"])
+def test_per_client_checkpoint_resume_is_exact(tmp_path: Path, policy: str):
+    cfg = resolve_config(tiny_config(submodel={"policy": policy, "per_client": True},
+                                     network={"model_size_mb": 2.0, "ims": False},
+                                     run={"max_steps": 8, "eval_every": 1, "checkpoint_every": 2,
+                                          "coverage_eval_every": 1, "coverage_window": 3}))
+    out, ref = tmp_path / "killed", tmp_path / "ref"
+    assert run_experiment(cfg, out, stop_after_steps=5)["interrupted"]
+    run_experiment(cfg, out, resume=True)
+    run_experiment(cfg, ref)
+    assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
+
+
+def test_per_client_is_refused_where_it_cannot_work_in_one_line():
+    with pytest.raises(ConfigError, match="IMS cannot multicast .* set network.ims: false"):
+        simulate(tiny_config(submodel={"policy": "random", "per_client": True}, run={"max_steps": 1}))
+    with pytest.raises(ConfigError, match="policy 'magnitude' does not: use one of coverage_max, random, rolling"):
+        simulate(tiny_config(submodel={"per_client": True}, network={"model_size_mb": 2.0, "ims": False},
+                             run={"max_steps": 1}))

@@ -11,11 +11,18 @@ coordinates of the flat parameter vector:
   ``S_g`` the union of the group's masks: ``c*_g = min_{n∈S_g} Γ(n)`` (FedGMR's appendix
   E.1: ``c*_{g,k} = min_{n∈S_{g,k}} |C_k^(n)|``; :func:`group_min_coverage`);
 * the pruned-weight energy ``‖θ − θ⊙m‖² = Σ_{n: m(n)=0} θ(n)²`` (:func:`pruned_energy`).
+
+Over time (:class:`CoverageWindow`): the coverage summed over the last ``W`` aggregations,
+``Γ_W(n) = Σ_{j=k-W+1..k} Γ_j(n)``, its minimum over *all* coordinates
+(``window_coverage_min``, 0 as soon as one coordinate went untrained for ``W``
+aggregations) and the share it leaves at 0 (``window_coverage_none``); and the share of
+coordinates no aggregated update has ever covered (``coverage_never``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections import deque
+from typing import Any, Sequence
 
 import torch
 
@@ -78,3 +85,51 @@ def level_energy(params: torch.Tensor, level_masks: Sequence[torch.Tensor],
     per_level = [pruned_energy(params, m) for m in level_masks]
     mean = sum(per_level[lv] for lv in client_levels) / len(client_levels) if client_levels else 0.0
     return {"pruned_energy": per_level, "pruned_energy_mean": mean}
+
+
+class CoverageWindow:
+    """Coverage of the last ``size`` aggregations together, and the coordinates ever covered
+    (see the module docstring). Feed it each aggregation's masks with :meth:`add`."""
+
+    def __init__(self, numel: int, size: int, device: torch.device | str = "cpu") -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.numel = int(numel)
+        self.size = int(size)
+        self.counts: deque[torch.Tensor] = deque()
+        self.total = torch.zeros(numel, dtype=torch.int32, device=device)
+        self.ever = torch.zeros(numel, dtype=torch.bool, device=device)
+
+    def add(self, masks: Sequence[torch.Tensor]) -> None:
+        """One aggregation's masks (none: an aggregation that used no update)."""
+        cov = (coverage_counts(masks).to(self.total.device) if masks
+               else torch.zeros_like(self.total))
+        self.counts.append(cov)
+        self.total += cov
+        if len(self.counts) > self.size:
+            self.total -= self.counts.popleft()
+        self.ever |= cov > 0
+
+    def stats(self) -> dict[str, Any]:
+        """``coverage_window`` (aggregations counted: ``size`` once that many happened),
+        ``window_coverage_min``, ``window_coverage_none`` and ``coverage_never`` (before
+        the first aggregation: nothing covered)."""
+        n = max(self.numel, 1)
+        return {"coverage_window": len(self.counts), "window_coverage_min": int(self.total.min()),
+                "window_coverage_none": int((self.total == 0).sum()) / n,
+                "coverage_never": int((~self.ever).sum()) / n}
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        tensors = {f"count/{i}": c for i, c in enumerate(self.counts)}
+        return {"size": self.size, "counts": len(self.counts)}, {**tensors, "ever": self.ever}
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        if int(state["size"]) != self.size:
+            raise ValueError(f"the checkpoint counted coverage over {state['size']} aggregations, this run over "
+                             f"{self.size} (run.coverage_window)")
+        dev = self.total.device
+        self.counts = deque(tensors[f"count/{i}"].to(dev, torch.int32, copy=True) for i in range(int(state["counts"])))
+        self.total = torch.zeros_like(self.total)
+        for c in self.counts:
+            self.total += c
+        self.ever = tensors["ever"].to(dev, torch.bool, copy=True)

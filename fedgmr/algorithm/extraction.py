@@ -14,6 +14,14 @@ meaning; a client's coordinates change from round to round.
   coordinates (unstructured), not over output neurons.
 * ``coverage_max``: the least recently covered coordinates first, by the decayed
   coverage ``H_k = λ H_{k-1} + Γ_k`` of the updates aggregated; ties by ``|w|``.
+
+``per_client=True`` (``submodel.per_client``) draws every client its own mask at each
+dispatch instead of one nested ranking per round, so that the clients of one round cover
+different coordinates (EPM's setting): ``random`` seeds its scores with the client too;
+``rolling`` starts client ``i``'s windows ``i/C`` of each layer further on (``C``
+clients); ``coverage_max`` counts the masks already dispatched since the last aggregation
+as planned coverage, so each client takes what the round has least covered so far. The
+masks of one round are then not nested, so IMS cannot multicast them.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import torch
 
 from fedgmr.algorithm.aggregation import coverage_counts
 from fedgmr.algorithm.maskinfo import frozen
-from fedgmr.algorithm.masks import magnitude_ranking, nested_masks
+from fedgmr.algorithm.masks import magnitude_ranking, mask_from_ranking, nested_masks
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import POLICIES, SubmodelPolicy
 from fedgmr.errors import ConfigError
@@ -43,9 +51,11 @@ def policy_seed(seed: int) -> int:
     return int(child.generate_state(1, dtype=np.uint32)[0])
 
 
-def random_scores(numel: int, seed: int, step: int) -> torch.Tensor:
-    """Uniform ``[0, 1)`` scores of round ``step`` (float64, CPU): the same on every device."""
-    return torch.from_numpy(np.random.default_rng([seed, step]).random(numel))
+def random_scores(numel: int, seed: int, step: int, client: int | None = None) -> torch.Tensor:
+    """Uniform ``[0, 1)`` scores of round ``step`` (float64, CPU): the same on every device.
+    With ``client``, that client's own scores (an independent stream per client and round)."""
+    key = [seed, step] if client is None else [seed, step, client]
+    return torch.from_numpy(np.random.default_rng(key).random(numel))
 
 
 def rolling_offset(step: int, layer_numel: int, first_density: float) -> int:
@@ -53,13 +63,17 @@ def rolling_offset(step: int, layer_numel: int, first_density: float) -> int:
     return (step * max(1, math.ceil(first_density * layer_numel))) % layer_numel
 
 
-def rolling_scores(space: ParamSpace, step: int, first_density: float) -> torch.Tensor:
+def rolling_scores(space: ParamSpace, step: int, first_density: float, shift: float = 0.0) -> torch.Tensor:
     """Score ``1 - q/n_p`` of the coordinate ``q`` places after its layer's window start
     (``q = (i - offset_p) mod n_p``): every prefix of the ranking takes about the same
-    share of each layer, starting at the window."""
+    share of each layer, starting at the window. ``shift`` in ``[0, 1)`` moves every
+    window start ``floor(shift x n_p)`` further on (a client's own windows)."""
+    if not 0.0 <= shift < 1.0:
+        raise ValueError(f"shift must be in [0, 1), got {shift}")
     out = torch.zeros(space.numel, dtype=torch.float64)
     for p in space.prunable_layers:
-        q = (torch.arange(p.numel, dtype=torch.float64) - rolling_offset(step, p.numel, first_density)) % p.numel
+        offset = (rolling_offset(step, p.numel, first_density) + math.floor(shift * p.numel)) % p.numel
+        q = (torch.arange(p.numel, dtype=torch.float64) - offset) % p.numel
         out[p.slice] = 1.0 - q / p.numel
     return out
 
@@ -94,22 +108,51 @@ class ExtractionPolicy(SubmodelPolicy):
     floor: each prunable layer's share that comes first in every ranking.
     basis: what a density counts (``model`` or ``prunable``), as for the magnitude masks.
     seed: the policy's seed (:func:`policy_seed` of the run's seed).
+    per_client: draw every client its own mask at each dispatch (:meth:`client_mask`);
+        the level masks (:meth:`mask`) stay the round's shared ranking, which the
+        diagnostics evaluate.
+    num_clients: how many clients share a round (``rolling`` spreads their windows).
     """
 
     nested = True
+    #: can draw every client its own mask (``submodel.per_client``)
+    supports_per_client = True
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], params: torch.Tensor, floor: float = 0.02,
-                 basis: str = "model", seed: int = 0) -> None:
+                 basis: str = "model", seed: int = 0, per_client: bool = False, num_clients: int = 1) -> None:
         super().__init__(space, ladder)
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self.floor = floor
         self.basis = basis
         self.seed = int(seed)
+        self.per_client = bool(per_client)
+        self.nested = not self.per_client  # one round's per-client masks are not nested: no IMS
+        self.num_clients = int(num_clients)
         self.step = 0
         self._rebuild(params)
 
     @abstractmethod
     def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
         """Non-negative scores over all coordinates (higher: kept first)."""
+
+    def client_scores(self, step: int, params: torch.Tensor, client_id: int) -> torch.Tensor:
+        """Client ``client_id``'s own scores at round ``step`` (``per_client``)."""
+        return self.scores(step, params)
+
+    def client_mask(self, client_id: int, level: int, params: torch.Tensor) -> torch.Tensor:
+        """The level's shared mask, or with ``per_client`` the client's own mask of the
+        level's density (the same number of coordinates: equal bytes)."""
+        if not self.per_client:
+            return self.mask(level)
+        score = self.client_scores(self.step, params, client_id).to(params.device)
+        ranking = magnitude_ranking(score, self.space, self.floor)
+        mask = frozen(mask_from_ranking(ranking, self.space, self.ladder[level], self.floor, self.basis))
+        self.dispatched(mask)
+        return mask
+
+    def dispatched(self, mask: torch.Tensor) -> None:
+        """Called with every per-client mask handed out (``coverage_max`` plans with it)."""
 
     def _rebuild(self, params: torch.Tensor) -> None:
         score = self.scores(self.step, params).to(params.device)
@@ -151,8 +194,11 @@ class ExtractionPolicy(SubmodelPolicy):
         if sub.cost_weighted or sub.layer_costs is not None:
             raise ConfigError(f"submodel.cost_weighted and submodel.layer_costs rank by |w| / cost and apply to "
                               f"submodel.policy 'magnitude' only, not {cls.name!r}")
+        if sub.per_client and cfg.network.ims:
+            raise ConfigError(f"submodel.per_client gives every client its own {cls.name!r} mask, which IMS cannot "
+                              f"multicast as nested level blocks: set network.ims: false")
         return cls(space, sub.ladder, params, sub.layer_floor, sub.density_basis, policy_seed(cfg.seed),
-                   **cls.config_kwargs(cfg))
+                   sub.per_client, cfg.clients.num_clients, **cls.config_kwargs(cfg))
 
 
 class RandomPolicy(ExtractionPolicy):
@@ -163,6 +209,9 @@ class RandomPolicy(ExtractionPolicy):
     def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
         return random_scores(self.space.numel, self.seed, step)
 
+    def client_scores(self, step: int, params: torch.Tensor, client_id: int) -> torch.Tensor:
+        return random_scores(self.space.numel, self.seed, step, client_id)
+
 
 class CoordinateRollingPolicy(ExtractionPolicy):
     """Coordinate-level rolling windows, one per prunable layer."""
@@ -172,26 +221,45 @@ class CoordinateRollingPolicy(ExtractionPolicy):
     def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
         return rolling_scores(self.space, step, self.ladder[0])
 
+    def client_scores(self, step: int, params: torch.Tensor, client_id: int) -> torch.Tensor:
+        return rolling_scores(self.space, step, self.ladder[0], (client_id % self.num_clients) / self.num_clients)
+
 
 class CoverageMaxPolicy(ExtractionPolicy):
     """The least recently covered coordinates first.
 
     decay: ``λ`` of the recent coverage ``H_k = λ H_{k-1} + Γ_k`` (0: the last aggregation
     only; 1: every aggregation so far counts the same).
+
+    With ``per_client``, client masks are ranked on ``H_k + P`` where ``P`` counts the
+    masks dispatched since the last server step (planned coverage), so each client takes
+    the coordinates the round has least covered so far.
     """
 
     name = "coverage_max"
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], params: torch.Tensor, floor: float = 0.02,
-                 basis: str = "model", seed: int = 0, decay: float = 0.9) -> None:
+                 basis: str = "model", seed: int = 0, per_client: bool = False, num_clients: int = 1,
+                 decay: float = 0.9) -> None:
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be in [0, 1], got {decay}")
         self.decay = float(decay)
         self.history = torch.zeros(space.numel, dtype=torch.float64, device=params.device)
-        super().__init__(space, ladder, params, floor, basis, seed)
+        self.planned = torch.zeros(space.numel, dtype=torch.float64, device=params.device)
+        super().__init__(space, ladder, params, floor, basis, seed, per_client, num_clients)
 
     def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
         return coverage_scores(self.space, self.history, params)
+
+    def client_scores(self, step: int, params: torch.Tensor, client_id: int) -> torch.Tensor:
+        return coverage_scores(self.space, self.history + self.planned, params)
+
+    def dispatched(self, mask: torch.Tensor) -> None:
+        self.planned += mask.to(self.planned.device, torch.float64)
+
+    def refresh(self, step: int, params: torch.Tensor) -> bool:
+        self.planned.zero_()
+        return super().refresh(step, params)
 
     def observe(self, masks: Sequence[torch.Tensor]) -> None:
         """``H <- λ H + Γ`` with ``Γ`` the coverage of the masks aggregated."""
@@ -201,11 +269,15 @@ class CoverageMaxPolicy(ExtractionPolicy):
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         state, tensors = super().state_dict()
-        return state, {**tensors, "history": self.history}
+        return state, {**tensors, "history": self.history, "planned": self.planned}
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         super().load_state_dict(state, tensors)
         self.history = tensors["history"].to(self.history.device, torch.float64, copy=True)
+        if "planned" in tensors:  # older checkpoints: per-client masks did not exist
+            self.planned = tensors["planned"].to(self.planned.device, torch.float64, copy=True)
+        else:
+            self.planned.zero_()
 
     @classmethod
     def config_kwargs(cls, cfg: Any) -> dict[str, Any]:

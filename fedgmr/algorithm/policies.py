@@ -39,6 +39,12 @@ class SubmodelPolicy(ABC):
     def mask(self, level: int) -> torch.Tensor:
         """The bool mask (over the flat parameter vector) of a ladder level."""
 
+    def client_mask(self, client_id: int, level: int, params: torch.Tensor) -> torch.Tensor:
+        """The mask client ``client_id`` on ladder level ``level`` is dispatched with now,
+        ``params`` being the global model it receives. Default: the level's shared mask; a
+        per-client policy (``submodel.per_client``) draws each client its own."""
+        return self.mask(level)
+
     def refresh(self, step: int, params: torch.Tensor) -> bool:
         """Called after every server step; may recompute masks. Returns True if it did."""
         return False

@@ -223,6 +223,10 @@ def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, mode
             example: torch.Tensor, width_builder: Callable[[float], nn.Module] | None = None) -> SubmodelPolicy:
     name = cfg.submodel.policy
     factory = POLICIES.get(name)
+    if cfg.submodel.per_client and not getattr(factory, "supports_per_client", False):
+        able = ", ".join(n for n in POLICIES.names() if getattr(POLICIES.get(n), "supports_per_client", False))
+        raise ConfigError(f"submodel.per_client draws every client its own mask, which submodel.policy {name!r} "
+                          f"does not: use one of {able}")
     if hasattr(factory, "from_config"):  # structured baseline policies (fedgmr.baselines)
         return factory.from_config(space, params, model, cfg, width_builder)
     if factory is FullModelPolicy:
@@ -324,6 +328,9 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.run.coverage_eval_every is not None and cfg.run.coverage_window is not None \
+            and hasattr(strategy, "track_coverage"):
+        strategy.track_coverage(cfg.run.coverage_window)
     workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
     workload.choice_samples = cfg.clustering.loss_samples  # IFCA's loss on at most this many samples
     attach_public(cfg, workload, proxy)

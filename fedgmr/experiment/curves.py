@@ -5,8 +5,8 @@ per-client accuracy curves. Pure data preparation (no matplotlib), tested exactl
   and ``bytes_total`` (``bytes_up + bytes_down``) in MB (10^6 bytes), ``wall`` (the
   records' ``wall_time``: a Flower run has it, a simulator run does not).
 * **metrics** (:data:`METRICS`): ``accuracy`` (in %), ``loss``, ``avg_density``,
-  ``min_coverage``, and with ``run.coverage_eval_every`` ``coverage_min`` and
-  ``pruned_energy_mean``.
+  ``min_coverage``, and with ``run.coverage_eval_every`` ``coverage_min``,
+  ``window_coverage_none`` and ``coverage_never`` (in %) and ``pruned_energy_mean``.
 * **seed bands** (:func:`seed_band`): runs that are seeds of one experiment (the grouping
   of ``fedgmr compare`` and ``fedgmr table``: :func:`~fedgmr.experiment.metrics.experiment_identity`)
   become one curve, the mean over seeds with a ±1 sample std band, each seed linearly
@@ -67,6 +67,9 @@ METRICS.register("loss", Metric("test loss", "loss"))
 METRICS.register("avg_density", Metric("average density", "avg_density"))
 METRICS.register("min_coverage", Metric("minimum coverage Γ* (updates)", "min_coverage"))
 METRICS.register("coverage_min", Metric("minimum coverage Γ* over the aggregated union (updates)", "coverage_min"))
+METRICS.register("window_coverage_none", Metric("coordinates uncovered over the coverage window (%)",
+                                                "window_coverage_none", 100.0))
+METRICS.register("coverage_never", Metric("coordinates never covered so far (%)", "coverage_never", 100.0))
 METRICS.register("pruned_energy_mean", Metric("pruned-weight energy ‖θ − θ⊙m‖², client mean", "pruned_energy_mean"))
 
 

@@ -64,6 +64,12 @@ TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
                 percent=False, accuracy=False),
     TableMetric("coverage_none", "share of coordinates no aggregated update covers, coverage_hist[0] / N "
                 "(run.coverage_eval_every; lower is better)", higher_is_better=False, accuracy=False),
+    TableMetric("window_coverage_min", "minimum over all coordinates of the coverage of the last "
+                "run.coverage_window aggregations together", percent=False, accuracy=False),
+    TableMetric("window_coverage_none", "share of coordinates no update of the last run.coverage_window "
+                "aggregations covers (lower is better)", higher_is_better=False, accuracy=False),
+    TableMetric("coverage_never", "share of coordinates no aggregated update has covered since the start "
+                "(lower is better)", higher_is_better=False, accuracy=False),
 )}
 ACCURACY_METRICS = tuple(TABLE_METRICS)
 

@@ -55,8 +55,9 @@ class SweepSpec(BaseModel):
     set: overrides applied to every cell (dotted keys).
     grid: the axes: dotted config keys, each with a list of values; the cells are the
         product of the axes in the order written.
-    cases: optional named override sets, one more axis, for variants that change several
-        keys at once (e.g. an ablation).
+    cases: optional named override sets, one more axis (``case``), for variants that change
+        several keys at once (e.g. an ablation); or a mapping of axis names to such lists,
+        one axis each (``{tier: [...], policy: [...]}``), applied in the order written.
     imports: your code, imported before the cells are resolved and by every cell: module
         names (importable from the current directory or ``sys.path``) or ``.py`` files
         (relative to the sweep file).
@@ -68,8 +69,27 @@ class SweepSpec(BaseModel):
     base: str | list[str] = "quickstart"
     set: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
-    cases: list[CaseSpec] = Field(default_factory=list)
+    cases: list[CaseSpec] | dict[str, list[CaseSpec]] = Field(default_factory=list)
     imports: list[str] = Field(default_factory=list)
+
+    @field_validator("cases")
+    @classmethod
+    def _cases(cls, v: list[CaseSpec] | dict[str, list[CaseSpec]]) -> list[CaseSpec] | dict[str, list[CaseSpec]]:
+        for axis, specs in (v.items() if isinstance(v, dict) else [("case", v)]):
+            if isinstance(v, dict) and (not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == "preset"):
+                raise ValueError(f"case axis {axis!r} must be a plain name (letters, digits, _), not 'preset'")
+            if isinstance(v, dict) and not specs:
+                raise ValueError(f"case axis '{axis}' has no cases")
+            labels = [c.label for c in specs]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"case axis '{axis}' repeats a label")
+        return v
+
+    def case_axes(self) -> dict[str, list[CaseSpec]]:
+        """The named case axes (``case`` for a plain list), in the order written."""
+        if isinstance(self.cases, dict):
+            return dict(self.cases)
+        return {"case": list(self.cases)} if self.cases else {}
 
     @field_validator("grid")
     @classmethod
@@ -188,17 +208,22 @@ def expand(spec: SweepSpec, root: Path) -> list[Cell]:
     axes: list[tuple[str, list[Any]]] = []
     if len(bases) > 1:
         axes.append(("preset", bases))
-    if spec.cases:
-        axes.append(("case", [c.label for c in spec.cases]))
+    case_axes = spec.case_axes()
+    clash = sorted(set(case_axes) & set(spec.grid))
+    if clash:
+        raise ConfigError(f"sweep axis '{clash[0]}' is both a case axis and a grid key")
+    for axis, specs in case_axes.items():
+        axes.append((axis, [c.label for c in specs]))
     axes.extend(spec.grid.items())
     named = [k for k, values in axes if len(values) > 1]
-    cases = {c.label: c.set for c in spec.cases}
+    cases = {axis: {c.label: c.set for c in specs} for axis, specs in case_axes.items()}
     cells = []
     for point in itertools.product(*(values for _, values in axes)):
         chosen = dict(zip((k for k, _ in axes), point))
         base = chosen.pop("preset", bases[0])
         overrides = dict(spec.set)
-        overrides.update(cases.get(chosen.pop("case", None), {}))  # type: ignore[arg-type]
+        for axis, sets in cases.items():
+            overrides.update(sets[chosen.pop(axis)])
         overrides.update(chosen)
         parts = [f"{_short(k, named)}={_label(v)}" for k, v in zip((k for k, _ in axes), point) if k in named]
         cells.append(Cell(",".join(parts) or "run", _resolve_base(base, root), overrides,

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fedgmr.algorithm.aggregation import AggregationRule, average_buffers, coverage_counts
-from fedgmr.algorithm.coverage import aggregation_coverage
+from fedgmr.algorithm.coverage import CoverageWindow, aggregation_coverage
 from fedgmr.algorithm.maskinfo import frozen, mask_count, memo
 from fedgmr.algorithm.params import ParamSpace, all_finite
 from fedgmr.algorithm.policies import SubmodelPolicy
@@ -155,6 +155,8 @@ class MaskedBufferedStrategy:
         self._last_used_masks: list[torch.Tensor] = []
         self._last_used_densities: list[float] = []  # the ladder density each was dispatched at
         self._held: dict[int, torch.Tensor] = {}  # the mask each client last received
+        #: coverage over the last aggregations (:meth:`track_coverage`; None: off)
+        self.coverage_window: CoverageWindow | None = None
         self.rejected = 0
         if client_samples is not None and len(client_samples) != self.num_clients:
             raise ValueError(f"client_samples lists {len(client_samples)} sizes for {self.num_clients} clients")
@@ -188,7 +190,7 @@ class MaskedBufferedStrategy:
     def assign(self, client_id: int) -> Assignment:
         """Prepare client ``client_id``'s next job at the current model version."""
         level = self.ladder.levels[client_id]
-        mask = self.policy.mask(level)
+        mask = self.policy.client_mask(client_id, level, self.params)
         held = self._held.get(client_id)
         changed = held is None or (held is not mask and not torch.equal(held, mask))
         a = self._assignment(client_id, self.version, level, self.ladder.ladder[level], mask, changed)
@@ -434,6 +436,8 @@ class MaskedBufferedStrategy:
             self.buffers = self.bn_stats(self.params)
         self._last_used_masks = [e.mask for e in used]
         self._last_used_densities = [e.density for e in used]
+        if self.coverage_window is not None:
+            self.coverage_window.add(self._last_used_masks)
         self.policy.observe(self._last_used_masks)
         self.version += 1
         self.policy.refresh(self.version, self.params)
@@ -496,11 +500,20 @@ class MaskedBufferedStrategy:
             return 0
         return int(coverage_counts(self._last_used_masks).min())
 
+    def track_coverage(self, window: int) -> None:
+        """Count coverage over the last ``window`` aggregations from now on (the
+        ``window_coverage_*`` and ``coverage_never`` keys of :meth:`coverage_stats`)."""
+        self.coverage_window = CoverageWindow(self.space.numel, window, self.device)
+
     def coverage_stats(self) -> dict[str, Any]:
         """Coverage of the last aggregation over the updates it used (record keys of
         :func:`~fedgmr.algorithm.coverage.aggregation_coverage`; groups are the ladder
-        densities the aggregated clients were dispatched at)."""
-        return aggregation_coverage(self._last_used_masks, self._last_used_densities, self.space.numel)
+        densities the aggregated clients were dispatched at), and over the window of
+        :meth:`track_coverage` when it is on."""
+        out = aggregation_coverage(self._last_used_masks, self._last_used_densities, self.space.numel)
+        if self.coverage_window is not None:
+            out.update(self.coverage_window.stats())
+        return out
 
     # ------------------------------------------------------------------ restoration
     def on_validation(self, score: float) -> list[int]:
@@ -572,12 +585,16 @@ class MaskedBufferedStrategy:
         last_used = [mask_key(m) for m in self._last_used_masks]  # Gamma* until the next aggregation
         pol_state, pol_tensors = self.policy.state_dict()
         tensors.update({f"policy/{k}": v for k, v in pol_tensors.items()})
+        window_state = None
+        if self.coverage_window is not None:
+            window_state, window_tensors = self.coverage_window.state_dict()
+            tensors.update({f"coverage_window/{k}": v for k, v in window_tensors.items()})
         state = {
             "version": self.version, "rejected": self.rejected, "arrivals": list(self._arrivals),
             "entries": entries, "outstanding": outstanding, "held": held, "last_used": last_used,
             "last_used_densities": list(self._last_used_densities),
             "ladder": self.ladder.state_dict(),
-            "trigger": self.trigger.state_dict(), "policy": pol_state,
+            "trigger": self.trigger.state_dict(), "policy": pol_state, "coverage_window": window_state,
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
             "bounds": {"clipped": self.bounds.clipped, "capped": self.bounds.capped, "norms": list(self._norms)},
         }
@@ -595,6 +612,9 @@ class MaskedBufferedStrategy:
         self.ladder.load_state_dict(state["ladder"])
         self.trigger.load_state_dict(state["trigger"])
         self.policy.load_state_dict(state["policy"], {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")})
+        if self.coverage_window is not None and state.get("coverage_window") is not None:
+            self.coverage_window.load_state_dict(state["coverage_window"], {
+                k[len("coverage_window/"):]: v for k, v in tensors.items() if k.startswith("coverage_window/")})
         if self.client_monitors is not None and state["client_monitors"]:
             for m, s in zip(self.client_monitors, state["client_monitors"]):
                 m.load_state_dict(s)
