@@ -193,7 +193,8 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
            "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
-             "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "coverage_min": 1, "pruned_energy_mean": 0.5, "bytes_up": 1e4 * t, "bytes_down": 2e4 * t,
+             "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "coverage_min": 1, "pruned_energy_mean": 0.5,
+             "window_coverage_none": 0.2, "coverage_never": 0.1, "bytes_up": 1e4 * t, "bytes_down": 2e4 * t,
              **({"levels": [0.2, 1.0], "level_accuracy": [0.4, 0.5], "client_accuracy": [0.5, None, 0.7],
                  "class_accuracy": [0.3, None, 0.9], "predicted_share": [0.4, 0.0, 0.6], "coverage_hist": [5, 3, 2],
                  "personal_accuracy": 0.6, "personal_std": 0.1, "personal_worst10": 0.4, "cluster_purity": 0.75,

@@ -60,6 +60,37 @@ def test_presets_and_cases_are_axes_too(tmp_path: Path):
     assert cells[-1].base == "mnist" and cells[-1].overrides == {"network.ims": False, "clients.num_clients": 30}
 
 
+def test_named_case_axes_are_one_axis_each_applied_in_order(tmp_path: Path):
+    spec = SweepSpec.model_validate({"base": "quickstart", "set": {"run.max_time": 50},
+                                     "cases": {"tier": [{"label": "full", "set": {"clients.heterogeneity": "medium"}},
+                                                        {"label": "half", "set": {"clients.heterogeneity": "low",
+                                                                                  "run.max_time": 60}}],
+                                               "policy": [{"label": "nested", "set": {"submodel.policy": "magnitude"}},
+                                                          {"label": "own", "set": {"submodel.policy": "random",
+                                                                                   "submodel.per_client": True,
+                                                                                   "run.max_time": 70}}]},
+                                     "grid": {"seed": [0]}})
+    cells = expand(spec, tmp_path)
+    assert [c.name for c in cells] == ["tier=full,policy=nested", "tier=full,policy=own", "tier=half,policy=nested",
+                                       "tier=half,policy=own"]
+    assert cells[1].point == {"tier": "full", "policy": "own", "seed": 0}
+    assert cells[2].overrides == {"run.max_time": 60, "clients.heterogeneity": "low", "submodel.policy": "magnitude",
+                                  "seed": 0}
+    assert cells[3].overrides["run.max_time"] == 70  # the later axis wins a key both set
+    for cases, message in (({"seed": [{"label": "a"}]}, "not 'preset' or a top-level config key"),
+                           ({"tier": []}, "case axis 'tier' has no cases"),
+                           ({"tier": [{"label": "a"}, {"label": "a"}]}, "case axis 'tier' repeats a label"),
+                           ({"a-b": [{"label": "a"}]}, "must be a plain name")):
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump({"base": "quickstart", "cases": cases}))
+        with pytest.raises(ConfigError, match=message):
+            load_sweep(path)
+    clash = SweepSpec.model_validate({"base": "quickstart", "cases": {"lr": [{"label": "a"}]},
+                                      "grid": {"lr": [0.1]}})
+    with pytest.raises(ConfigError, match="'lr' is both a case axis and a grid key"):
+        expand(clash, tmp_path)
+
+
 def test_a_bad_cell_is_refused_before_anything_runs(tmp_path: Path):
     spec = SweepSpec.model_validate({"base": "quickstart", "grid": {"training.lr": [0.1, -1.0]}})
     cells = expand(spec, tmp_path)
@@ -124,6 +155,31 @@ def test_a_table_groups_a_sweep_by_its_cases(tmp_path: Path):
         del cell["point"]
     (out / "sweep.json").write_text(json.dumps(index))
     assert table() == lines
+
+
+def test_a_table_puts_one_case_axis_in_rows_and_another_in_columns(tmp_path: Path):
+    cases = {"agg": [{"label": "ma", "set": {"aggregation.rule": "ma"}},
+                     {"label": "fa", "set": {"aggregation.rule": "fa"}}],
+             "coord": [{"label": "async", "set": {"coordination.mode": "semi_async"}},
+                       {"label": "sync", "set": {"coordination.mode": "sync"}}]}
+    sweep = _sweep_file(tmp_path, {"seed": [0]}, cases=cases)
+    out = tmp_path / "out"
+    proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "2", "--only", "coord=sync,async")
+    assert proc.returncode == 0, proc.stderr
+    got = _fedgmr("table", str(out), "--t-star", "0", "--window", "1000", "--rows", "agg", "--cols", "coord",
+                  "--format", "csv")
+    assert got.returncode == 0, got.stderr
+    rows = [line.split(",") for line in got.stdout.splitlines()]
+    header = rows[0]
+    cells = {(r[header.index("agg")], r[header.index("coord")]): r for r in rows[1:]}
+    assert set(cells) == {(a, c) for a in ("ma", "fa") for c in ("async", "sync")}
+    for (agg, coord), row in cells.items():  # each cell holds its own run's accuracy
+        config = yaml.safe_load((out / f"agg={agg},coord={coord}" / "config.yaml").read_text())
+        assert (config["aggregation"]["rule"], config["coordination"]["mode"]) == (
+            agg, {"async": "semi_async", "sync": "sync"}[coord])
+        lines = (out / f"agg={agg},coord={coord}" / "metrics.jsonl").read_text().splitlines()
+        accs = [r["accuracy"] for r in map(json.loads, lines) if r["time"] < 1000]  # the window [-1000, 1000)
+        assert abs(float(row[header.index("mean")]) - sum(accs) / len(accs)) < 1e-12
 
 
 def test_only_runs_part_of_the_grid_and_a_full_pass_then_skips_it(tmp_path: Path):

@@ -76,8 +76,10 @@ class SweepSpec(BaseModel):
     @classmethod
     def _cases(cls, v: list[CaseSpec] | dict[str, list[CaseSpec]]) -> list[CaseSpec] | dict[str, list[CaseSpec]]:
         for axis, specs in (v.items() if isinstance(v, dict) else [("case", v)]):
-            if isinstance(v, dict) and (not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == "preset"):
-                raise ValueError(f"case axis {axis!r} must be a plain name (letters, digits, _), not 'preset'")
+            if isinstance(v, dict) and (not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == "preset"
+                                        or axis in ExperimentConfig.model_fields):
+                raise ValueError(f"case axis {axis!r} must be a plain name (letters, digits, _) and not 'preset' "
+                                 f"or a top-level config key")
             if isinstance(v, dict) and not specs:
                 raise ValueError(f"case axis '{axis}' has no cases")
             labels = [c.label for c in specs]

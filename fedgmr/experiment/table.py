@@ -20,6 +20,8 @@ from typing import Any, Iterable, Literal, Sequence
 import numpy as np
 import yaml
 
+from pydantic import ValidationError
+
 from fedgmr.errors import ConfigError, FedGMRError
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_t, finite_number, flatten_config,
                                       metric_series, metric_value, mri, read_run_metrics,
@@ -94,29 +96,40 @@ def _sweep_rank(root: Path) -> Any:
 
 @functools.lru_cache(maxsize=32)
 def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
-    """Cell name -> the cell's point on its sweep's grid, from ``directory/sweep.json`` (read
-    once per directory and version of the file, not once per run). Indexes written before
-    cells recorded their point are expanded again from the sweep spec they keep."""
+    """Cell name -> the cell's values on its sweep's case axes (``case``, or the names of a
+    ``cases:`` mapping), from ``directory/sweep.json`` (read once per directory and version
+    of the file, not once per run). Indexes written before cells recorded their point are
+    expanded again from the sweep spec they keep."""
     index = json.loads((Path(directory) / "sweep.json").read_text())
-    cells = index["cells"]
-    if all("point" in c for c in cells):
-        return {str(c["name"]): c["point"] for c in cells}
     from fedgmr.experiment.sweep import SweepSpec, expand
 
-    return {c.name: c.point for c in expand(SweepSpec.model_validate(index["spec"]), Path(directory))}
+    spec = SweepSpec.model_validate(index["spec"])
+    axes = list(spec.case_axes())
+    cells = index["cells"]
+    if all("point" in c for c in cells):
+        points = {str(c["name"]): c["point"] for c in cells}
+    else:
+        points = {c.name: c.point for c in expand(spec, Path(directory))}
+    return {name: {a: point[a] for a in axes if isinstance(point, dict) and a in point}
+            for name, point in points.items()}
 
 
-def sweep_case(path: Path) -> str | None:
-    """The label of the sweep case (``cases:`` of a sweep file) that made the run at
-    ``path``, read from its sweep's ``sweep.json``; None for a run outside a sweep or a
-    sweep without cases."""
+def sweep_cases(path: Path) -> dict[str, str]:
+    """The labels of the sweep cases (``cases:`` of a sweep file) that made the run at
+    ``path``, by case axis (``{"case": "wo_buff_ims"}``, or ``{"tier": ..., "policy": ...}``
+    for named axes), read from its sweep's ``sweep.json``; empty for a run outside a sweep
+    or a sweep without cases."""
     index_path = path.parent / "sweep.json"
     try:
         point = _sweep_points(str(path.parent), index_path.stat().st_mtime_ns).get(path.name, {})
-    except (OSError, ValueError, KeyError, TypeError, FedGMRError):
-        return None
-    case = point.get("case") if isinstance(point, dict) else None
-    return str(case) if case is not None else None
+    except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
+        return {}
+    return {axis: str(label) for axis, label in point.items() if label is not None}
+
+
+def sweep_case(path: Path) -> str | None:
+    """The label on the plain ``case`` axis of the run's sweep (None: no such axis)."""
+    return sweep_cases(path).get("case")
 
 
 def read_run(path: Path, metric: str = "accuracy") -> RunData:
@@ -134,9 +147,8 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
         rows = [r for r in rows if finite_number(metric_value(r, metric))]
     interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
     flat = flatten_config(config)
-    case = sweep_case(path)
-    if case is not None:  # a sweep's named case is a column like any key (`--rows case`)
-        flat.setdefault("case", case)
+    for axis, label in sweep_cases(path).items():  # a sweep's case axis is a column like any key
+        flat.setdefault(axis, label)                # (`--rows case`, `--cols tier`)
     # a Flower run's times are wall-clock seconds: never one cell with a simulation's
     flat["clock"] = run_clock(path)
     return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
