@@ -78,7 +78,8 @@ def test_bad_axis_or_metric_names_the_option_and_choices():
     with pytest.raises(ConfigError, match=r"'--x': 'bytes' is not one of bytes_total, bytes_up, step, time, wall"):
         axis_values(ROWS, "bytes", "m")
     with pytest.raises(ConfigError, match=r"'--metric': 'f1' is not one of accuracy, avg_density, coverage_min, "
-                                          r"loss, min_coverage, pruned_energy_mean$"):
+                                          r"coverage_never, loss, min_coverage, pruned_energy_mean, "
+                                          r"window_coverage_none$"):
         metric_values(ROWS, "f1", "m")
 
 
