@@ -242,3 +242,21 @@ def test_per_client_is_refused_where_it_cannot_work_in_one_line():
     with pytest.raises(ConfigError, match="policy 'magnitude' does not: use one of coverage_max, random, rolling"):
         simulate(tiny_config(submodel={"per_client": True}, network={"model_size_mb": 2.0, "ims": False},
                              run={"max_steps": 1}))
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.02, 0.3])
+@pytest.mark.parametrize("basis", ["prunable", "model"])
+def test_ranked_mask_is_the_rankings_prefix_without_the_full_sort(floor: float, basis: str):
+    """Per-client masks select instead of sorting; they equal the ranking's prefix, ties
+    (many, with small integer scores) taken in position order."""
+    from fedgmr.algorithm.masks import mask_from_ranking, ranked_mask
+
+    space = ParamSpace(nn.Sequential(nn.Linear(30, 20), nn.Linear(20, 20), nn.Linear(20, 5)))
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        score = (torch.randint(0, 4, (space.numel,), generator=gen).double() if trial % 2
+                 else torch.rand(space.numel, generator=gen, dtype=torch.float64))
+        ranking = magnitude_ranking(score, space, floor)
+        for density in (0.01, 0.05, 0.3, 0.77, 1.0):
+            assert ranked_mask(score, space, density, floor, basis).tolist() == \
+                mask_from_ranking(ranking, space, density, floor, basis).tolist()

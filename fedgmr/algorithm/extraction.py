@@ -35,7 +35,7 @@ import torch
 
 from fedgmr.algorithm.aggregation import coverage_counts
 from fedgmr.algorithm.maskinfo import frozen
-from fedgmr.algorithm.masks import magnitude_ranking, mask_from_ranking, nested_masks
+from fedgmr.algorithm.masks import magnitude_ranking, nested_masks, ranked_mask
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import POLICIES, SubmodelPolicy
 from fedgmr.errors import ConfigError
@@ -117,6 +117,8 @@ class ExtractionPolicy(SubmodelPolicy):
     nested = True
     #: can draw every client its own mask (``submodel.per_client``)
     supports_per_client = True
+    #: the scores depend on the step only (not on the model or any history)
+    step_scores = False
 
     def __init__(self, space: ParamSpace, ladder: Sequence[float], params: torch.Tensor, floor: float = 0.02,
                  basis: str = "model", seed: int = 0, per_client: bool = False, num_clients: int = 1) -> None:
@@ -130,6 +132,7 @@ class ExtractionPolicy(SubmodelPolicy):
         self.nested = not self.per_client  # one round's per-client masks are not nested: no IMS
         self.num_clients = int(num_clients)
         self.step = 0
+        self._pending: torch.Tensor | None = None  # params of a ranking not built yet
         self._rebuild(params)
 
     @abstractmethod
@@ -146,8 +149,7 @@ class ExtractionPolicy(SubmodelPolicy):
         if not self.per_client:
             return self.mask(level)
         score = self.client_scores(self.step, params, client_id).to(params.device)
-        ranking = magnitude_ranking(score, self.space, self.floor)
-        mask = frozen(mask_from_ranking(ranking, self.space, self.ladder[level], self.floor, self.basis))
+        mask = frozen(ranked_mask(score, self.space, self.ladder[level], self.floor, self.basis))
         self.dispatched(mask)
         return mask
 
@@ -164,18 +166,28 @@ class ExtractionPolicy(SubmodelPolicy):
                                                        self.basis)]
 
     def mask(self, level: int) -> torch.Tensor:
+        if self._pending is not None:  # a per-client policy ranks the shared masks when asked
+            params, self._pending = self._pending, None
+            self._rebuild(params)
         return self._masks[level]
 
     def refresh(self, step: int, params: torch.Tensor) -> bool:
-        """Extract again at every server step."""
+        """Extract again at every server step (with ``per_client``, where the scores depend
+        on the step only, the shared ranking is built when first asked for: dispatches do
+        not read it)."""
         self.step = int(step)
-        self._rebuild(params)
+        if self.per_client and self.step_scores:
+            self._pending = params
+        else:
+            self._rebuild(params)
         return True
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        self.mask(0)  # the ranking of the current step
         return {"step": self.step}, {"ranking": self.ranking}
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        self._pending = None
         self.step = int(state["step"])
         self.ranking = tensors["ranking"].to(self.ranking.device, copy=True)
         self._set_masks()
@@ -205,6 +217,7 @@ class RandomPolicy(ExtractionPolicy):
     """A fresh uniform ranking every round (deterministic in the run's seed)."""
 
     name = "random"
+    step_scores = True
 
     def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
         return random_scores(self.space.numel, self.seed, step)
@@ -217,6 +230,7 @@ class CoordinateRollingPolicy(ExtractionPolicy):
     """Coordinate-level rolling windows, one per prunable layer."""
 
     name = "rolling"
+    step_scores = True
 
     def scores(self, step: int, params: torch.Tensor) -> torch.Tensor:
         return rolling_scores(self.space, step, self.ladder[0])
