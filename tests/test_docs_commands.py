@@ -175,7 +175,9 @@ def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0) -> None
     for seed in (first_seed, first_seed + 1):
         _fake_run(root / f"seed={seed}", name or root.name, seed)
     # as a sweep writes it: each cell's point on the grid (a table's `--rows case` reads it)
-    cells = [{"name": f"seed={s}", "point": {"case": "a", "seed": s}} for s in (first_seed, first_seed + 1)]
+    # (a plain `case` axis, and the named case axes the docs' tables use)
+    cells = [{"name": f"seed={s}", "point": {"case": "a", "tier": "a", "policy": "a", "seed": s}}
+             for s in (first_seed, first_seed + 1)]
     (root / "sweep.json").write_text(json.dumps({"name": root.name, "cells": cells}))
 
 
