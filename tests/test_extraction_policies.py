@@ -140,11 +140,14 @@ def test_set_policy_from_the_command_line(policy: str):
     assert cfg.submodel.policy == policy and cfg.submodel.coverage_decay == 0.5
 
 
-@pytest.mark.parametrize("policy", ["random", "rolling", "coverage_max"])
-def test_checkpoint_resume_is_exact(tmp_path: Path, policy: str):
-    cfg = resolve_config(tiny_config(submodel={"policy": policy, "coverage_decay": 0.7},
+@pytest.mark.parametrize("policy, per_client", [("random", False), ("rolling", False), ("coverage_max", False),
+                                                ("random", True), ("coverage_max", True)])
+def test_checkpoint_resume_is_exact(tmp_path: Path, policy: str, per_client: bool):
+    """Also per client: the planned coverage and the coverage window are in the checkpoint."""
+    cfg = resolve_config(tiny_config(submodel={"policy": policy, "coverage_decay": 0.7, "per_client": per_client},
+                                     network={"model_size_mb": 2.0, "ims": not per_client},
                                      run={"max_steps": 8, "eval_every": 1, "checkpoint_every": 2,
-                                          "coverage_eval_every": 1}))
+                                          "coverage_eval_every": 1, "coverage_window": 3}))
     out, ref = tmp_path / "killed", tmp_path / "ref"
     assert run_experiment(cfg, out, stop_after_steps=5)["interrupted"]
     run_experiment(cfg, out, resume=True)
@@ -221,19 +224,6 @@ def test_per_client_runs_give_clients_of_one_level_different_masks(policy: str):
         assert int(m.sum()) == int(strat.policy.mask(strat.ladder.levels[c]).sum())  # equal bytes
     shared = [ms for ms in by_level.values() if len(ms) > 1]
     assert shared and all(len({tuple(_idx(m)) for m in ms}) == len(ms) for ms in shared)
-
-
-@pytest.mark.parametrize("policy", ["random", "coverage_max"])
-def test_per_client_checkpoint_resume_is_exact(tmp_path: Path, policy: str):
-    cfg = resolve_config(tiny_config(submodel={"policy": policy, "per_client": True},
-                                     network={"model_size_mb": 2.0, "ims": False},
-                                     run={"max_steps": 8, "eval_every": 1, "checkpoint_every": 2,
-                                          "coverage_eval_every": 1, "coverage_window": 3}))
-    out, ref = tmp_path / "killed", tmp_path / "ref"
-    assert run_experiment(cfg, out, stop_after_steps=5)["interrupted"]
-    run_experiment(cfg, out, resume=True)
-    run_experiment(cfg, ref)
-    assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
 
 
 def test_per_client_is_refused_where_it_cannot_work_in_one_line():

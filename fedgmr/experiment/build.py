@@ -328,8 +328,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg.run.coverage_eval_every is not None and cfg.run.coverage_window is not None \
-            and hasattr(strategy, "track_coverage"):
+    if cfg.run.coverage_eval_every is not None and cfg.run.coverage_window is not None:
         strategy.track_coverage(cfg.run.coverage_window)
     workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
     workload.choice_samples = cfg.clustering.loss_samples  # IFCA's loss on at most this many samples

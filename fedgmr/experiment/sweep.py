@@ -38,6 +38,12 @@ PARENT_ENV = "FEDGMR_PARENT_PID"
 Status = Literal["pending", "running", "done", "failed"]
 
 
+def is_case_axis(axis: str) -> bool:
+    """Whether a sweep axis name can be a case axis: not the base (``preset``) and not a
+    config key (dotted, or a top-level field), which are the other axes a cell has."""
+    return axis != "preset" and "." not in axis and axis not in ExperimentConfig.model_fields
+
+
 class CaseSpec(BaseModel):
     """One named set of overrides: a value of the sweep's ``cases`` axis."""
 
@@ -76,8 +82,7 @@ class SweepSpec(BaseModel):
     @classmethod
     def _cases(cls, v: list[CaseSpec] | dict[str, list[CaseSpec]]) -> list[CaseSpec] | dict[str, list[CaseSpec]]:
         for axis, specs in (v.items() if isinstance(v, dict) else [("case", v)]):
-            if isinstance(v, dict) and (not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) or axis == "preset"
-                                        or axis in ExperimentConfig.model_fields):
+            if isinstance(v, dict) and not (re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis) and is_case_axis(axis)):
                 raise ValueError(f"case axis {axis!r} must be a plain name (letters, digits, _) and not 'preset' "
                                  f"or a top-level config key")
             if isinstance(v, dict) and not specs:

@@ -94,29 +94,21 @@ def _sweep_rank(root: Path) -> Any:
     return lambda p: (order.get(str(p.relative_to(root)), len(order)), str(p))
 
 
-def _case_axis(axis: str) -> bool:
-    """Whether a sweep axis is a case axis: not the base (``preset``) and not a config key
-    (dotted, or a top-level field; case axes may not take those names)."""
-    from fedgmr.config import ExperimentConfig
-
-    return axis != "preset" and "." not in axis and axis not in ExperimentConfig.model_fields
-
-
 @functools.lru_cache(maxsize=32)
 def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
     """Cell name -> the cell's values on its sweep's case axes (``case``, or the names of a
     ``cases:`` mapping), from ``directory/sweep.json`` (read once per directory and version
     of the file, not once per run). Indexes written before cells recorded their point are
     expanded again from the sweep spec they keep."""
+    from fedgmr.experiment.sweep import SweepSpec, expand, is_case_axis
+
     index = json.loads((Path(directory) / "sweep.json").read_text())
     cells = index["cells"]
     if all("point" in c for c in cells):
         points = {str(c["name"]): c["point"] for c in cells}
     else:
-        from fedgmr.experiment.sweep import SweepSpec, expand
-
         points = {c.name: c.point for c in expand(SweepSpec.model_validate(index["spec"]), Path(directory))}
-    return {name: {a: v for a, v in point.items() if _case_axis(a)} if isinstance(point, dict) else {}
+    return {name: {a: v for a, v in point.items() if is_case_axis(a)} if isinstance(point, dict) else {}
             for name, point in points.items()}
 
 
