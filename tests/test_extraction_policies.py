@@ -250,3 +250,59 @@ def test_ranked_mask_is_the_rankings_prefix_without_the_full_sort(floor: float, 
         for density in (0.01, 0.05, 0.3, 0.77, 1.0):
             assert ranked_mask(score, space, density, floor, basis).tolist() == \
                 mask_from_ranking(ranking, space, density, floor, basis).tolist()
+
+
+def test_top_positions_breaks_ties_by_the_second_key_then_by_position():
+    from fedgmr.algorithm.masks import top_positions
+
+    score = torch.tensor([1.0, 3.0, 2.0, 2.0, 2.0, 2.0, 0.0])
+    tie = torch.tensor([9.0, 0.0, 0.5, 0.7, 0.5, 0.1, 9.0])
+    # 3 first; then among the 2s: 3 (0.7), then 2 and 4 (0.5) by position, then 5 (0.1)
+    assert _idx(top_positions(score, 2, tie)) == [1, 3]
+    assert _idx(top_positions(score, 3, tie)) == [1, 2, 3]
+    assert _idx(top_positions(score, 4, tie)) == [1, 2, 3, 4]
+    assert _idx(top_positions(score, 3)) == [1, 2, 3]  # without the key: position only
+    assert _idx(top_positions(score, 6, tie)) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.02, 0.3])
+@pytest.mark.parametrize("basis", ["prunable", "model"])
+def test_per_client_coverage_masks_equal_the_coverage_rankings_prefix(floor: float, basis: str):
+    """Per-client coverage-max masks order by ``(-(H + P), |w|)`` by selection; they equal
+    the prefix of the ranking of :func:`coverage_scores` (which sorts ``H``)."""
+    from fedgmr.algorithm.extraction import coverage_scores
+    from fedgmr.algorithm.masks import mask_from_ranking
+
+    space = ParamSpace(nn.Sequential(nn.Linear(30, 20), nn.Linear(20, 20), nn.Linear(20, 5)))
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(10):
+        params = torch.randn(space.numel, generator=gen)
+        pol = CoverageMaxPolicy(space, LADDER, params, floor=floor, basis=basis, per_client=True, num_clients=4,
+                                decay=0.5)
+        pol.history = torch.randint(0, 4, (space.numel,), generator=gen).double() * 0.5
+        for client in range(4):
+            level = client % len(LADDER)
+            expected = mask_from_ranking(magnitude_ranking(
+                coverage_scores(space, pol.history + pol.planned, params), space, floor), space,
+                LADDER[level], floor, basis)
+            assert pol.client_mask(client, level, params).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("cls", [RandomPolicy, CoordinateRollingPolicy, CoverageMaxPolicy])
+def test_per_client_shared_ranking_is_built_late_from_the_rounds_inputs(cls):
+    """With ``per_client`` the round's shared masks are ranked when first asked for, from
+    the weights and history of the refresh: later aggregation does not change them."""
+    space = _space()
+    eager = cls(space, LADDER, PARAMS, floor=0.0, basis="prunable", seed=3)
+    lazy = cls(space, LADDER, PARAMS, floor=0.0, basis="prunable", seed=3, per_client=True, num_clients=2)
+    covered = [eager.mask(0), eager.mask(1)]
+    for pol in (eager, lazy):
+        pol.observe(covered)
+    params = PARAMS.clone()
+    eager.refresh(1, params)
+    lazy.refresh(1, params)
+    assert lazy._pending is not None  # not ranked yet
+    params.mul_(-3).add_(torch.linspace(0, 1, 14))  # the global model moves on in place
+    for pol in (eager, lazy):
+        pol.observe([covered[1]])
+    assert _sets(lazy) == _sets(eager) and lazy._pending is None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -132,7 +132,7 @@ class ExtractionPolicy(SubmodelPolicy):
         self.nested = not self.per_client  # one round's per-client masks are not nested: no IMS
         self.num_clients = int(num_clients)
         self.step = 0
-        self._pending: torch.Tensor | None = None  # params of a ranking not built yet
+        self._pending: Callable[[], torch.Tensor] | None = None  # the scores of a ranking not built yet
         self._rebuild(params)
 
     @abstractmethod
@@ -143,13 +143,20 @@ class ExtractionPolicy(SubmodelPolicy):
         """Client ``client_id``'s own scores at round ``step`` (``per_client``)."""
         return self.scores(step, params)
 
+    def client_keys(self, step: int, params: torch.Tensor,
+                    client_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The keys ordering client ``client_id``'s coordinates at round ``step``: its
+        scores and an optional second key for equal scores (see :func:`ranked_mask`)."""
+        return self.client_scores(step, params, client_id), None
+
     def client_mask(self, client_id: int, level: int, params: torch.Tensor) -> torch.Tensor:
         """The level's shared mask, or with ``per_client`` the client's own mask of the
         level's density (the same number of coordinates: equal bytes)."""
         if not self.per_client:
             return self.mask(level)
-        score = self.client_scores(self.step, params, client_id).to(params.device)
-        mask = frozen(ranked_mask(score, self.space, self.ladder[level], self.floor, self.basis))
+        score, tie = self.client_keys(self.step, params, client_id)
+        mask = frozen(ranked_mask(score.to(params.device), self.space, self.ladder[level], self.floor, self.basis,
+                                  tie))
         self.dispatched(mask)
         return mask
 
@@ -157,9 +164,17 @@ class ExtractionPolicy(SubmodelPolicy):
         """Called with every per-client mask handed out (``coverage_max`` plans with it)."""
 
     def _rebuild(self, params: torch.Tensor) -> None:
-        score = self.scores(self.step, params).to(params.device)
+        self._rank(self.scores(self.step, params).to(params.device))
+
+    def _rank(self, score: torch.Tensor) -> None:
         self.ranking = magnitude_ranking(score, self.space, self.floor)
         self._set_masks()
+
+    def _deferred_scores(self, step: int, params: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """The scores of round ``step``, to compute later: what they read is copied now."""
+        if not self.step_scores:
+            params = params.clone()
+        return lambda: self.scores(step, params).to(params.device)
 
     def _set_masks(self) -> None:
         self._masks = [frozen(m) for m in nested_masks(self.ranking, self.space, self.ladder, self.floor,
@@ -167,17 +182,17 @@ class ExtractionPolicy(SubmodelPolicy):
 
     def mask(self, level: int) -> torch.Tensor:
         if self._pending is not None:  # a per-client policy ranks the shared masks when asked
-            params, self._pending = self._pending, None
-            self._rebuild(params)
+            scores, self._pending = self._pending, None
+            self._rank(scores())
         return self._masks[level]
 
     def refresh(self, step: int, params: torch.Tensor) -> bool:
-        """Extract again at every server step (with ``per_client``, where the scores depend
-        on the step only, the shared ranking is built when first asked for: dispatches do
+        """Extract again at every server step (with ``per_client`` the shared ranking is
+        built when first asked for, from the round's scores as they were: dispatches do
         not read it)."""
         self.step = int(step)
-        if self.per_client and self.step_scores:
-            self._pending = params
+        if self.per_client:
+            self._pending = self._deferred_scores(self.step, params)
         else:
             self._rebuild(params)
         return True
@@ -267,6 +282,17 @@ class CoverageMaxPolicy(ExtractionPolicy):
 
     def client_scores(self, step: int, params: torch.Tensor, client_id: int) -> torch.Tensor:
         return coverage_scores(self.space, self.history + self.planned, params)
+
+    def client_keys(self, step: int, params: torch.Tensor,
+                    client_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`client_scores`' order without ranking ``H + P``: ``-(H + P)``, then
+        ``|w|`` for equal coverage (linear; :func:`coverage_scores` sorts)."""
+        keys = -(self.history + self.planned)
+        return keys, params.detach().abs().to(keys.device, torch.float64)
+
+    def _deferred_scores(self, step: int, params: torch.Tensor) -> Callable[[], torch.Tensor]:
+        history, params = self.history.clone(), params.clone()
+        return lambda: coverage_scores(self.space, history, params)
 
     def dispatched(self, mask: torch.Tensor) -> None:
         self.planned += mask.to(self.planned.device, torch.float64)

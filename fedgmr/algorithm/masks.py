@@ -128,42 +128,54 @@ def magnitude_ranking(flat: torch.Tensor, space: ParamSpace, floor: float = 0.02
     return torch.cat([_merge(head_idx, head_score), _merge(tail_idx, tail_score)])
 
 
-def top_positions(score: torch.Tensor, m: int) -> torch.Tensor:
-    """Bool mask of the ``m`` largest entries of a 1-D ``score``, ties taken in position
-    order: the first ``m`` of a stable descending sort, found in linear time (a
-    selection for the threshold, then the tied entries by position)."""
+def top_positions(score: torch.Tensor, m: int, tie: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool mask of the ``m`` largest entries of a 1-D ``score``: the first ``m`` of a
+    stable descending sort by ``(score, tie)``, ties left by position. Found in linear
+    time: a selection for the threshold, then the entries tied at it by ``tie`` (largest
+    first) and position."""
     n = score.numel()
     out = torch.zeros(n, dtype=torch.bool, device=score.device)
     if m <= 0:
         return out
     if m >= n:
         return out.fill_(True)
-    threshold = torch.topk(score, m, sorted=False).values.min()  # the m-th largest
+    threshold = torch.kthvalue(score, n - m + 1).values  # the m-th largest
     out |= score > threshold
     missing = m - int(out.sum())
-    out[torch.nonzero(score == threshold).squeeze(1)[:missing]] = True
+    tied = torch.nonzero(score == threshold).squeeze(1)
+    if tie is None or missing >= tied.numel():
+        out[tied[:missing]] = True
+    else:
+        out[tied[top_positions(tie[tied], missing)]] = True
     return out
 
 
 def ranked_mask(score: torch.Tensor, space: ParamSpace, density: float, floor: float = 0.02,
-                basis: str = "prunable") -> torch.Tensor:
+                basis: str = "prunable", tie: torch.Tensor | None = None) -> torch.Tensor:
     """``mask_from_ranking(magnitude_ranking(score, space, floor), space, density, floor,
-    basis)`` for non-negative, finite scores, without ranking every coordinate: each
-    layer's floor by selection, then the rest by one selection over all prunable
-    coordinates (ties by position, as the ranking breaks them). Linear instead of
-    ``O(P log P)``, for masks drawn once per client and dispatch."""
+    basis)`` for finite scores, without ranking every coordinate: each layer's floor by
+    selection, then the rest by one selection over all prunable coordinates (ties by
+    position, as the ranking breaks them). Linear instead of ``O(P log P)``, for masks
+    drawn once per client and dispatch.
+
+    tie: a second key, over all coordinates, ordering the coordinates of equal ``score``
+    (largest first) before their position: the mask of the lexicographic order
+    ``(score, tie, -position)``."""
     k = prefix_length(space, density, floor, basis)
     mask = space.always_kept.to(score.device, copy=True)
     layers = sorted(space.prunable_layers, key=lambda p: p.offset)
     if not layers:
         return mask
     score = score.double()
+    if tie is not None:
+        tie = tie.to(score.device, torch.float64)
     head = torch.zeros(space.numel, dtype=torch.bool, device=score.device)
     for p in layers:
         n_floor = min(p.numel, max(1, math.ceil(floor * p.numel))) if floor > 0 else 0
-        head[p.slice] = top_positions(score[p.slice], n_floor)
+        head[p.slice] = top_positions(score[p.slice], n_floor, None if tie is None else tie[p.slice])
     rest = torch.cat([score[p.slice].masked_fill(head[p.slice], -math.inf) for p in layers])
-    taken = top_positions(rest, k - int(head.sum()))
+    rest_tie = None if tie is None else torch.cat([tie[p.slice] for p in layers])
+    taken = top_positions(rest, k - int(head.sum()), rest_tie)
     start = 0
     for p in layers:
         mask[p.slice] |= head[p.slice] | taken[start:start + p.numel]
