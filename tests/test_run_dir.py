@@ -364,11 +364,17 @@ def test_ctrl_c_exits_130_and_names_the_resume_command(tmp_path: Path):
     out = tmp_path / "run"
     cfg = write_tiny(tmp_path / "t.yaml", max_steps=100000)
     proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "run", str(cfg), "--out", str(out), "-q"],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env={**ENV, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: len(records(out)) >= 3, "a few records", proc)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=TIMEOUT)
+        try:
+            _, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:  # say where the run was: the fault handler dumps every stack on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=TIMEOUT)
+            pytest.fail(f"the run did not exit within {TIMEOUT} s of SIGINT; its stacks on SIGABRT:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
