@@ -523,8 +523,10 @@ def table(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table to this file"),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy, "
                                "personal_worst10, personal_std (each client's own model on its own test split), "
-                               "cluster_purity, coverage_min (Gamma*) or coverage_none (the share of coordinates no "
-                               "aggregated update covers): the windowed mean of that series"),
+                               "cluster_purity, coverage_min (Gamma*), coverage_none (the share of coordinates no "
+                               "aggregated update covers), window_coverage_min, window_coverage_none, "
+                               "coverage_never or pruned_energy_mean (EPM's pruning noise): the windowed mean of "
+                               "that series"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.metrics import MissingMetricError
@@ -580,6 +582,43 @@ def table(
         _fail(exc)
         return
     typer.echo(text, nl=False)
+
+
+@app.command()
+def evaluate(
+    dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
+    levels: bool = typer.Option(True, "--levels/--no-levels", help="also evaluate under each ladder level's mask"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per run instead of the table"),
+    imports: list[str] = _import_option("first (the runs' own models, data sets or methods)"),
+) -> None:
+    """Evaluate each run's saved global model on the test split: in full and under each
+    ladder level's mask (the run's latest checkpoint; a finished run's holds its final
+    model). Rebuilds the run, data included, from its config.yaml."""
+    import pandas as pd
+
+    from fedgmr.experiment.evaluate_run import evaluate_run
+    from fedgmr.experiment.table import find_runs
+
+    _import_user_code(imports)
+    rows = []
+    try:
+        for path in find_runs(dirs):
+            result = evaluate_run(path, levels)
+            if as_json:
+                typer.echo(result.to_json())
+                continue
+            row = {"run": path.name, "step": result.step, "time (s)": f"{result.time:,.0f}",
+                   "final": "yes" if result.final else "no", "accuracy (%)": f"{100 * result.accuracy:.2f}"}
+            row.update({f"@{d:g}": f"{100 * a:.2f}" for d, a in zip(result.levels, result.level_accuracy)})
+            rows.append(row)
+    except FedGMRError as exc:
+        _fail(exc)
+        return
+    if rows:
+        frame = pd.DataFrame(rows).fillna("–")
+        typer.echo("Test accuracy of each run's saved global model; @d: under the mask of ladder level d "
+                   "(final: the checkpoint is the run's last step).\n")
+        typer.echo(frame.to_markdown(index=False))
 
 
 @app.command()

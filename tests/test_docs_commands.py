@@ -6,7 +6,7 @@ runs exactly as written on small run directories made where it names them (two s
 one experiment under each, or one run for `plot --levels` / `--clients` / `--classes` / `--coverage`). A `run`
 command is checked by resolving the same preset/file and `--set` overrides with
 `fedgmr config` (a full run of a preset takes minutes), with its `--import` modules;
-`fedgmr --version` runs as written; `fedgmr flower keys|commands` run exactly as written,
+`fedgmr --version` runs as written; an `evaluate` runs as written on a tiny finished run made where it names one; `fedgmr flower keys|commands` run exactly as written,
 in order in one directory (the keys a `keys` line writes are there for the lines after
 it); a `fedgmr flower superexec` line (a server) is parsed with the command's own options. Placeholders such as `/path/to/...` and `runs/...` directories that need an earlier
 run are skipped.
@@ -124,6 +124,18 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         if "--plot" in args:
             assert (tmp_path / args[args.index("--plot") + 1]).read_bytes()[:4] == b"\x89PNG", where
         return
+    elif sub == "evaluate":  # exactly as written, on a tiny finished run made where it names one
+        from conftest import tiny_config
+        from fedgmr.experiment.runner import run_experiment
+        from fedgmr.methods import resolve_config
+
+        for d in _positional(args[1:]):
+            run_experiment(resolve_config(tiny_config(run={"max_steps": 6, "eval_every": 3})), tmp_path / d)
+        proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                              cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout and "@0.5" in proc.stdout, proc.stdout
+        return
     elif sub == "demo":  # as written, its three quickstart runs shortened to 120 virtual seconds
         out = tmp_path / "demo-out"
         proc = subprocess.run([sys.executable, "-m", "fedgmr", *args, "--out", str(out), "-q",
@@ -152,7 +164,7 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
 
 #: options that take no value
 FLAGS = frozenset({"--json", "--dry-run", "--quiet", "-q", "--overwrite", "--bands", "--no-bands", "--levels",
-                   "--clients", "--classes", "--coverage"})
+                   "--clients", "--classes", "--coverage", "--no-levels"})
 
 
 def _positional(args: list[str]) -> list[str]:

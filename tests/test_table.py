@@ -290,3 +290,20 @@ def test_coverage_none_is_the_uncovered_share_of_each_histogram_and_lowest_is_bo
     assert t.cells[(("fedgmr_random",), ())]["mean"] == pytest.approx(0.1)
     text = render(t, "md")
     assert "Bold: lowest mean" in text and "**10.00 ± 0.00**" in text and "60.00 ± 0.00" in text
+
+
+def test_pruned_energy_is_shown_as_logged_and_lowest_is_bold(tmp_path: Path):
+    """pruned_energy_mean (EPM's pruning noise): the windowed mean of the logged values,
+    not a percentage, lowest bold: magnitude masks leave out less weight than random ones."""
+    for seed in (0, 1):
+        for method, energy in (("fedgmr_nested", 8.0 + seed), ("fedgmr_random", 290.0 + 2 * seed)):
+            d = _run(tmp_path, method, seed, "high", 0.5)
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for r in rows:
+                r["pruned_energy_mean"] = energy
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = build_table([read_run(p, "pruned_energy_mean") for p in find_runs([tmp_path])], t_star=10.0, mri_of=None)
+    assert t.cells[(("fedgmr_nested",), ())]["mean"] == pytest.approx(8.5)
+    assert t.cells[(("fedgmr_random",), ())]["mean"] == pytest.approx(291.0)
+    text = render(t, "md")
+    assert "Bold: lowest mean" in text and "**8.50 ± 0.71**" in text and "291.00 ± 1.41" in text

@@ -70,6 +70,9 @@ TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
                 "aggregations covers (lower is better)", higher_is_better=False, accuracy=False),
     TableMetric("coverage_never", "share of coordinates no aggregated update has covered since the start "
                 "(lower is better)", higher_is_better=False, accuracy=False),
+    TableMetric("pruned_energy_mean", "mean over the clients of ||theta - theta * m||^2 at their levels: the "
+                "weight the sub-models leave out (EPM's pruning noise; lower is better)", percent=False,
+                higher_is_better=False, accuracy=False),
 )}
 ACCURACY_METRICS = tuple(TABLE_METRICS)
 

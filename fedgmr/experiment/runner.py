@@ -384,6 +384,8 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
             if failure is None and stop_after_steps and sim.step >= stop_after_steps:
                 return {"interrupted": True, "steps": sim.step}
             sim.finish()
+            if every or seconds:
+                checkpoint(sim)  # the final model, for `fedgmr evaluate` (a finished run is not resumed)
             bar.update(sim, last_acc[0], final=True)
         sink[0].sync()
     finally:

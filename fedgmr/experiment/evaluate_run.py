@@ -1,0 +1,84 @@
+"""Evaluate a run's saved global model: in full and under each ladder level's mask.
+
+``fedgmr evaluate RUN`` rebuilds the run's experiment from its ``config.yaml`` (the data
+included), restores the strategy from the run's checkpoint (a finished run checkpoints its
+final model) and evaluates the global model on the test split: as it is, and multiplied
+by each level's mask (the per-level accuracy of ``run.level_eval_every``, for a run that
+did not log it). It answers "is the largest sub-model already as good as the full model?"
+without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedgmr.errors import RunDirError
+from fedgmr.experiment.build import build_experiment
+from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint
+from fedgmr.experiment.diagnostics import masked_level_accuracy
+from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE
+
+
+@dataclass
+class RunEvaluation:
+    """The saved global model of one run, evaluated on the test split."""
+
+    run: str
+    step: int
+    time: float
+    #: the checkpoint holds the run's final model (the run finished after writing it)
+    final: bool
+    accuracy: float
+    loss: float
+    #: ladder densities and the accuracy of the global model under each level's mask
+    levels: list[float] = field(default_factory=list)
+    level_accuracy: list[float] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
+    """Evaluate the global model of ``run_dir``'s checkpoint (see the module docstring).
+
+    Raises ``RunDirError`` for a directory without a config or a checkpoint."""
+    from fedgmr.methods import resolve_config
+
+    out = Path(run_dir)
+    if not (out / CONFIG_FILE).is_file():
+        raise RunDirError(f"{out} is not a run directory (no {CONFIG_FILE})")
+    if checkpoint_path(out) is None:
+        raise RunDirError(f"{out} has no checkpoint to evaluate (the run had run.checkpoint_every and "
+                          f"run.checkpoint_seconds null)")
+    cfg = resolve_config(yaml.safe_load((out / CONFIG_FILE).read_text()))
+    state, tensors = load_checkpoint(out)
+    exp = build_experiment(cfg)
+    try:
+        try:
+            exp.strategy.load_state_dict(state["strategy"],
+                                         {k[9:]: v for k, v in tensors.items() if k.startswith("strategy/")})
+        except Exception as exc:  # noqa: BLE001 - a checkpoint that does not fit its own config
+            raise RunDirError(f"{checkpoint_path(out)} does not fit {out / CONFIG_FILE}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        strategy, evaluate = exp.strategy, exp.simulator.evaluator
+        params, buffers = strategy.params, strategy.buffers
+        acc, loss = evaluate(params, buffers, "test")
+        ladder = list(strategy.ladder.ladder) if levels else []
+        per_level = masked_level_accuracy(params, buffers, [strategy.policy.mask(i) for i in range(len(ladder))],
+                                          lambda p, b: evaluate(p, b, "test")[0])
+        sim = state.get("simulator", {})
+        summary = out / SUMMARY_FILE
+        step = int(state.get("step", 0))
+        final = summary.is_file() and int(json.loads(summary.read_text()).get("steps", -1)) == step
+        return RunEvaluation(str(out), step, float(sim.get("now", 0.0)), final, float(acc), float(loss),
+                             [float(d) for d in ladder], [float(a) for a in per_level])
+    finally:
+        exp.executor.close()
+
+
+__all__ = ["RunEvaluation", "evaluate_run"]

@@ -1,0 +1,63 @@
+"""`fedgmr evaluate`: a run's saved global model, in full and under each level's mask,
+exercised from the command line on real run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import tiny_config
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
+
+
+def fedgmr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+
+
+def _run(tmp_path: Path, name: str, **run) -> Path:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(run={"max_steps": 12, "eval_every": 4, "level_eval_every": 1,
+                                                   **run})))
+    out = tmp_path / name
+    proc = fedgmr("run", str(cfg), "--out", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_evaluate_reproduces_the_final_records_accuracy_and_level_accuracy(tmp_path: Path):
+    """A finished run checkpoints its final model; evaluating it gives, exactly, the
+    accuracy and per-level accuracy its last record logged at that step."""
+    out = _run(tmp_path, "r", checkpoint_every=5)  # periodic checkpoints at 5 and 10, the final one at 12
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 12 and "level_accuracy" in last
+    proc = fedgmr("evaluate", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["step"] == 12 and got["final"] is True and got["time"] == last["time"]
+    assert got["accuracy"] == last["accuracy"] and got["levels"] == last["levels"]
+    assert got["level_accuracy"] == last["level_accuracy"]
+    assert got["level_accuracy"][-1] == got["accuracy"]  # the full level is the model itself
+
+    table = fedgmr("evaluate", str(tmp_path))  # a directory of runs: every one found
+    assert table.returncode == 0, table.stderr
+    header = next(line for line in table.stdout.splitlines() if line.startswith("| run"))
+    assert [f"@{d:g}" for d in last["levels"]] == [c.strip() for c in header.strip("|").split("|")][5:]
+    row = next(line for line in table.stdout.splitlines() if line.startswith("| r "))
+    assert f"{100 * last['accuracy']:.2f}" in row and "| yes" in row
+    assert fedgmr("evaluate", str(out), "--json", "--no-levels").stdout.count('"level_accuracy": []') == 1
+
+
+def test_evaluate_refuses_a_run_without_a_checkpoint(tmp_path: Path):
+    out = _run(tmp_path, "nock", checkpoint_every=None, checkpoint_seconds=None)
+    assert not (out / "checkpoint").exists()
+    proc = fedgmr("evaluate", str(out))
+    assert proc.returncode != 0 and "has no checkpoint to evaluate" in proc.stderr and "Traceback" not in proc.stderr
+    proc = fedgmr("evaluate", str(tmp_path / "missing"))
+    assert proc.returncode != 0 and "is not a directory" in proc.stderr
