@@ -224,6 +224,6 @@ def test_compare_and_table_use_one_metric_never_mixed(tmp_path: Path):
     with pytest.raises(RunDirError, match="personal_eval_every"):
         compare_runs([dirs["ditto"], plain], 10, metric="personal_accuracy")
     table = build_table([read_run(dirs[m], "personal_worst10") for m in dirs], 10, mri_of=None)
-    assert "personal_worst10: Acc@t*" in render(table)
+    assert "personal_worst10 (%) at t*" in render(table)
     with pytest.raises(FedGMRError, match="one table shows one"):
         build_table([read_run(dirs["ditto"], "personal_accuracy"), read_run(dirs["fedavg"])], 10, mri_of=None)

@@ -195,10 +195,10 @@ def test_a_spread_metric_bolds_the_lowest_and_a_count_is_not_a_percentage(tmp_pa
     spread = build_table([read_run(p, "personal_std") for p in runs], t_star=10.0, mri_of="ditto")
     text = render(spread, "md")
     assert spread.mri_of is None and "MRI" not in text  # a spread has no relative improvement
-    assert "personal_std: Acc@t* (%)" in text and "Bold: lowest mean" in text
+    assert "personal_std (%) at t*" in text and "Bold: lowest mean" in text
     assert "| ditto    | **6.50 ± 0.71** |" in text and "| fedavg   | 10.50 ± 0.71    |" in text
     count = render(build_table([read_run(p, "coverage_min") for p in runs], t_star=10.0), "md")
-    assert "coverage_min: Acc@t* at t*" in count and "Bold: best mean" in count
+    assert "coverage_min at t*" in count and "Bold: best mean" in count
     assert "**5.50 ± 0.71**" in count and "3.50 ± 0.71" in count  # Gamma* as a count, not x100
     with pytest.raises(ConfigError, match="not an accuracy"):
         build_table([read_run(p, "coverage_min") for p in runs], t_star=10.0, target=0.5)

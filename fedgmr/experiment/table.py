@@ -399,8 +399,8 @@ def caption(table: Table) -> str:
         title = f"Acc@t* (%) at t* = {', '.join(ts[:-1])} and {ts[-1]} s (one column each)"
     if not TABLE_METRICS[table.metric].percent:
         title = title.replace(" (%)", "")
-    if table.metric != "accuracy" and table.value != "time":
-        title = f"{table.metric}: {title}"
+    if table.metric != "accuracy" and table.value != "time":  # e.g. "coverage_never (%) at t* = 2,000 s"
+        title = title.replace("Acc@t*", table.metric, 1).replace("final accuracy", f"final {table.metric}")
     text = (f"{title}: mean ± sample std (ddof = 1) across seeds of each seed's value, "
             f"{n} seed{'s' if n != 1 else ''} per cell")
     text += " (no ± with one seed)." if n == 1 else "."
