@@ -55,7 +55,9 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
     if checkpoint_path(out) is None:
         raise RunDirError(f"{out} has no checkpoint to evaluate (the run had run.checkpoint_every and "
                           f"run.checkpoint_seconds null)")
-    cfg = resolve_config(yaml.safe_load((out / CONFIG_FILE).read_text()))
+    raw = yaml.safe_load((out / CONFIG_FILE).read_text())
+    raw.setdefault("run", {})["executor"] = "serial"  # evaluation trains nothing: no worker pool or Ray
+    cfg = resolve_config(raw)
     state, tensors = load_checkpoint(out)
     exp = build_experiment(cfg)
     try:
