@@ -139,7 +139,10 @@ def top_positions(score: torch.Tensor, m: int, tie: torch.Tensor | None = None) 
         return out
     if m >= n:
         return out.fill_(True)
-    threshold = torch.kthvalue(score, n - m + 1).values  # the m-th largest
+    if score.device.type == "mps":  # kthvalue is not implemented there
+        threshold = torch.topk(score, m, sorted=False).values.min()
+    else:  # the m-th largest, by selection (topk slows down as m grows)
+        threshold = torch.kthvalue(score, n - m + 1).values
     out |= score > threshold
     missing = m - int(out.sum())
     tied = torch.nonzero(score == threshold).squeeze(1)
