@@ -306,3 +306,21 @@ def test_per_client_shared_ranking_is_built_late_from_the_rounds_inputs(cls):
     for pol in (eager, lazy):
         pol.observe([covered[1]])
     assert _sets(lazy) == _sets(eager) and lazy._pending is None
+
+
+@pytest.mark.parametrize("kind", ["rolling", "random", "ties"])
+def test_top_positions_is_the_stable_sorts_prefix_on_either_side_of_the_median(kind: str):
+    """The threshold is selected from the smaller side (the m largest, or the n - m + 1
+    smallest); either way the mask is the first m of a stable descending sort."""
+    from fedgmr.algorithm.masks import top_positions
+
+    n = 1000
+    gen = torch.Generator().manual_seed(2)
+    score = {"rolling": 1.0 - ((torch.arange(n, dtype=torch.float64) - 123) % n) / n,  # near-sorted, as `rolling`
+             "random": torch.rand(n, generator=gen, dtype=torch.float64),
+             "ties": torch.randint(0, 5, (n,), generator=gen).double()}[kind]
+    order = torch.sort(score, descending=True, stable=True).indices
+    for m in (1, 7, 499, 500, 501, 502, 800, 999, 1000):
+        expected = torch.zeros(n, dtype=torch.bool)
+        expected[order[:m]] = True
+        assert top_positions(score, m).tolist() == expected.tolist(), m

@@ -139,10 +139,12 @@ def top_positions(score: torch.Tensor, m: int, tie: torch.Tensor | None = None) 
         return out
     if m >= n:
         return out.fill_(True)
-    if score.device.type == "mps":  # kthvalue is not implemented there
+    # the m-th largest, by a selection of the smaller side (topk slows down as its k grows;
+    # kthvalue's quickselect degrades to seconds on the near-sorted scores of `rolling`)
+    if m <= n - m + 1:
         threshold = torch.topk(score, m, sorted=False).values.min()
-    else:  # the m-th largest, by selection (topk slows down as m grows)
-        threshold = torch.kthvalue(score, n - m + 1).values
+    else:  # the (n - m + 1)-th smallest
+        threshold = torch.topk(score, n - m + 1, largest=False, sorted=False).values.max()
     out |= score > threshold
     missing = m - int(out.sum())
     tied = torch.nonzero(score == threshold).squeeze(1)
