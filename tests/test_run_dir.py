@@ -360,12 +360,20 @@ def test_default_checkpoints_let_a_killed_quickstart_resume_exactly(tmp_path: Pa
     assert without_wall(got) == without_wall(want) and got["steps"] == 130
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default. A test suite started in the background
+    (`pytest ... &` from a script) ignores SIGINT, its children inherit that, and a run that
+    starts with SIGINT ignored keeps ignoring it, as a background job should: the Ctrl-C
+    this test sends would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_and_names_the_resume_command(tmp_path: Path):
     out = tmp_path / "run"
     cfg = write_tiny(tmp_path / "t.yaml", max_steps=100000)
     proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "run", str(cfg), "--out", str(out), "-q"],
                             env={**ENV, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     try:
         wait_for(lambda: len(records(out)) >= 3, "a few records", proc)
         proc.send_signal(signal.SIGINT)
