@@ -275,16 +275,21 @@ def test_cli_table_takes_several_t_stars_and_refuses_them_with_another_value(tmp
         assert bad.returncode == 2 and match in bad.stderr and bad.stderr.count("\n") == 1, (extra, bad.stderr)
 
 
+def _run_with(tmp_path: Path, method: str, seed: int, extra) -> Path:
+    """A High run of ``method`` whose record ``i`` also carries ``extra(i)``."""
+    d = _run(tmp_path, method, seed, "high", 0.5)
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    (d / "metrics.jsonl").write_text("".join(json.dumps({**r, **extra(i)}) + "\n" for i, r in enumerate(rows)))
+    return d
+
+
 def test_coverage_none_is_the_uncovered_share_of_each_histogram_and_lowest_is_bold(tmp_path: Path):
     """coverage_hist [h0, h1, ...]: coverage_none = h0 / sum. Nested masks with no dense
     client leave 6 of 10 coordinates uncovered (0.6); random ones 1 of 10 (0.1)."""
     for seed in (0, 1):
         for method, hist in (("fedgmr_nested", [6, 3, 1]), ("fedgmr_random", [1, 5, 4])):
-            d = _run(tmp_path, method, seed, "high", 0.5)
-            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-            for r in rows[1:]:  # the first record has no histogram: left out of the window
-                r["coverage_hist"] = hist
-            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            # the first record has no histogram: left out of the window
+            _run_with(tmp_path, method, seed, lambda i: {"coverage_hist": hist} if i else {})
     t = build_table([read_run(p, "coverage_none") for p in find_runs([tmp_path])], t_star=10.0, mri_of=None)
     assert t.cells[(("fedgmr_nested",), ())]["mean"] == pytest.approx(0.6)
     assert t.cells[(("fedgmr_random",), ())]["mean"] == pytest.approx(0.1)
@@ -297,11 +302,7 @@ def test_pruned_energy_is_shown_as_logged_and_lowest_is_bold(tmp_path: Path):
     not a percentage, lowest bold: magnitude masks leave out less weight than random ones."""
     for seed in (0, 1):
         for method, energy in (("fedgmr_nested", 8.0 + seed), ("fedgmr_random", 290.0 + 2 * seed)):
-            d = _run(tmp_path, method, seed, "high", 0.5)
-            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-            for r in rows:
-                r["pruned_energy_mean"] = energy
-            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            _run_with(tmp_path, method, seed, lambda i: {"pruned_energy_mean": energy})
     t = build_table([read_run(p, "pruned_energy_mean") for p in find_runs([tmp_path])], t_star=10.0, mri_of=None)
     assert t.cells[(("fedgmr_nested",), ())]["mean"] == pytest.approx(8.5)
     assert t.cells[(("fedgmr_random",), ())]["mean"] == pytest.approx(291.0)

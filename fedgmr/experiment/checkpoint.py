@@ -72,6 +72,13 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], tensors: dict[st
     return final
 
 
+def tensors_under(tensors: dict[str, torch.Tensor], section: str) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint saved under ``section/`` (``strategy``, ``sim``), with that
+    prefix removed: what the section's ``load_state_dict`` takes."""
+    prefix = section + "/"
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
 def checkpoint_path(run_dir: str | Path) -> Path | None:
     """The checkpoint to resume from: ``checkpoint/``, or ``.checkpoint.old`` when a crash
     came between the two renames of :func:`save_checkpoint`; None when there is none."""

@@ -19,7 +19,7 @@ import yaml
 
 from fedgmr.errors import RunDirError
 from fedgmr.experiment.build import build_experiment
-from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint
+from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, tensors_under
 from fedgmr.experiment.diagnostics import masked_level_accuracy
 from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE
 
@@ -63,7 +63,7 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
     try:
         try:
             exp.strategy.load_state_dict(state["strategy"],
-                                         {k[9:]: v for k, v in tensors.items() if k.startswith("strategy/")})
+                                         tensors_under(tensors, "strategy"))
         except Exception as exc:  # noqa: BLE001 - a checkpoint that does not fit its own config
             raise RunDirError(f"{checkpoint_path(out)} does not fit {out / CONFIG_FILE}: "
                               f"{type(exc).__name__}: {exc}") from None

@@ -30,7 +30,7 @@ from fedgmr.config import ExperimentConfig, dump_config, parse_config, read_conf
 from fedgmr.data import FederatedData
 from fedgmr.errors import ConfigError, RunDirError, RunFailedError
 from fedgmr.experiment.build import build_experiment
-from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, tensors_under
 from fedgmr.experiment.interrupt import sigint_latch
 from fedgmr.experiment.loggers import RunLoggers
 from fedgmr.experiment.metrics import acc_at_t, read_metrics
@@ -334,8 +334,8 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
             state, tensors = ckpt
             try:
                 exp.strategy.load_state_dict(state["strategy"],
-                                             {k[9:]: v for k, v in tensors.items() if k.startswith("strategy/")})
-                sim.load_state_dict(state["simulator"], {k[4:]: v for k, v in tensors.items() if k.startswith("sim/")})
+                                             tensors_under(tensors, "strategy"))
+                sim.load_state_dict(state["simulator"], tensors_under(tensors, "sim"))
                 prior_wall = float(state.get("wall_time", 0.0))
             except Exception as exc:  # noqa: BLE001 - verified files that still do not fit this run
                 raise RunDirError(f"{checkpoint_path(out)} does not fit this run: "
