@@ -142,7 +142,13 @@ class ClientsConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    """Local SGD on each client."""
+    """Local SGD on each client.
+
+    clip_grad_norm: clip each local step's gradient (on the client's mask, after any
+        FedProx/SCAFFOLD term) to this L2 norm, as ``torch.nn.utils.clip_grad_norm_``
+        does; null: the method's default (no clipping, except HeteroFL and FedRolex,
+        whose published code clips at 1); 0: no clipping.
+    """
 
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
@@ -150,6 +156,7 @@ class TrainingConfig(_Section):
     batch_size: int = Field(20, ge=1)
     local_steps: int = Field(5, ge=1)
     loss: Literal["ce", "bce"] = "ce"
+    clip_grad_norm: float | None = Field(None, ge=0)
 
 
 class LocalConfig(_Section):

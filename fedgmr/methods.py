@@ -120,6 +120,13 @@ _BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     "fiarse": ("FIARSE: importance-aware threshold masks, threshold-controlled gradient, non-zero delta average",
                {"submodel.policy": "fiarse", "aggregation.rule": "fiarse", "aggregation.weighting": "equal"}),
 }
+# HeteroFL's and FedRolex's published client loops clip every local gradient at norm 1
+# (clip_grad_norm_(model.parameters(), 1)); without it their scaler (activations / r) lets a
+# narrow sub-model's amplified gradients diverge (measured: FedRolex at chance on a 64-unit MLP).
+_BASELINE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "heterofl": {"training.clip_grad_norm": 1.0},
+    "fedrolex": {"training.clip_grad_norm": 1.0},
+}
 _SYNC = {"coordination.mode": "sync", "aggregation.buffer": False, "aggregation.staleness.kind": "constant",
          "restoration.trigger": "none", "network.ims": False}
 _AUX = {"coordination.mode": "semi_async", "aggregation.buffer": True, "network.ims": True}
@@ -129,11 +136,13 @@ for _name, (_desc, _fixed) in _BASELINES.items():
     if _name == "fiarse":  # its rule applies each client delta once: arrivals only
         _aux["aggregation.buffer"] = False
         _aux_desc = " + Aux (semi-async, IMS; arrivals only: deltas are applied once)"
-    METHODS.register(_name, Method(_name, _desc + " (synchronous, as published)", {**_fixed, **_SYNC}))
+    _defaults = _BASELINE_DEFAULTS.get(_name, {})
+    METHODS.register(_name, Method(_name, _desc + " (synchronous, as published)", {**_fixed, **_SYNC}, _defaults))
     METHODS.register(f"{_name}_aux", Method(f"{_name}_aux", _desc + _aux_desc,
-                                            {**_fixed, **_aux, "restoration.trigger": "none"}))
+                                            {**_fixed, **_aux, "restoration.trigger": "none"}, _defaults))
     METHODS.register(f"{_name}_aux_gmr", Method(f"{_name}_aux_gmr", _desc + _aux_desc.replace(")", ") + GMR"),
-                                                {**_fixed, **_aux, "restoration.trigger": "early_stopping"}))
+                                                {**_fixed, **_aux, "restoration.trigger": "early_stopping"},
+                                                _defaults))
 
 
 def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None) -> ExperimentConfig:

@@ -233,3 +233,36 @@ def test_all_finite_matches_isfinite():
         w = v.clone()
         w[417] = bad
         assert not all_finite(w) and not all_finite(w.double()) and not all_finite(w.half())
+
+
+def test_clip_grad_norm_matches_torch_clipping_of_the_masked_gradient(setup):
+    """One plain-SGD step with clipping moves by lr * the masked gradient scaled to the
+    norm, exactly as ``clip_grad_norm_`` on the masked gradient; pruned coordinates stay 0."""
+    model, space, start, buffers, mask, x, y = setup
+    s = TrainSettings(lr=0.1, batch_size=40, local_steps=1, clip_grad_norm=0.05)
+    out = masked_local_training(model, space, start, buffers, mask, x, y, s, seed=3)
+    # by hand: the full batch's gradient at W * m, masked, clipped, one step
+    ref = ConvBNNet()
+    space.load(ref, start * mask)
+    from fedgmr.algorithm.params import set_buffers
+    set_buffers(ref, buffers)
+    ref.train()
+    perm = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    F.cross_entropy(ref(x[perm]), y[perm]).backward()
+    g = torch.cat([p.grad.reshape(-1) for p in ref.parameters()]) * mask
+    assert float(g.norm()) > 0.05  # the bound binds
+    expected = start * mask - 0.1 * g * (0.05 / (g.norm() + 1e-6))
+    assert torch.allclose(out.params, expected, atol=1e-6)
+    assert torch.equal(out.params[~mask], torch.zeros(int((~mask).sum())))
+
+
+def test_clip_flat_has_torch_clipping_coefficient():
+    from fedgmr.training.local import clip_flat
+    g = torch.tensor([3.0, 4.0])
+    assert torch.allclose(clip_flat(g, 1.0), g * (1.0 / (5.0 + 1e-6)))
+    assert torch.equal(clip_flat(g, 10.0), g)  # below the bound: unchanged
+    assert clip_flat(g, None) is g
+    p = nn.Parameter(torch.zeros(2))
+    p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_([p], 1.0)
+    assert torch.allclose(clip_flat(g, 1.0), p.grad)

@@ -32,7 +32,7 @@ from fedgmr.baselines.structure import WidthStructure
 from fedgmr.models import build_model
 from fedgmr.models.scaler import attach_scaler
 from fedgmr.training.evaluate import evaluate
-from fedgmr.training.local import BatchOrder, TrainOutcome, TrainSettings, masked_local_training
+from fedgmr.training.local import BatchOrder, TrainOutcome, TrainSettings, clip_flat, masked_local_training
 from fedgmr.training.losses import task_loss
 
 
@@ -180,6 +180,7 @@ class OrderedDropoutTrainer(_WidthBase):
                 target = F.softmax(t_logits.detach(), dim=-1)
             _, loss = self._step(ws, widths[j], w, maps[j], xb, yb, target, s, grad)
             total += loss
+            grad = clip_flat(grad, s.clip_grad_norm)
             if s.weight_decay:
                 grad += s.weight_decay * w
             if s.momentum:
@@ -271,6 +272,7 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         g = _flat_grad(model, space) * m
         kept = scored & m
         g[kept] = g[kept] * fiarse_math.multiplier(w[kept], theta[kept])
+        g = clip_flat(g, settings.clip_grad_norm)
         if settings.weight_decay:
             g = g + settings.weight_decay * w * m
         if settings.momentum:

@@ -122,7 +122,7 @@ def train_settings(cfg: ExperimentConfig, data: FederatedData) -> TrainSettings:
     """Local training settings from the config and the data set's task."""
     t = cfg.training
     return TrainSettings(t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_steps, t.loss,
-                         data.task, data.pad_index)
+                         data.task, data.pad_index, t.clip_grad_norm or None)
 
 
 @dataclass

@@ -339,6 +339,8 @@ def _run_steps(module: nn.Module, opt: torch.optim.SGD, x: torch.Tensor, y: torc
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(x[idx].to(device), y[idx].to(device))
         loss.backward()
+        if settings.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.clip_grad_norm)
         opt.step()
         total += loss.detach()
     return float(total), settings.local_steps, batches.bs

@@ -71,6 +71,7 @@ class TrainSettings:
     loss: Literal["ce", "bce"] = "ce"
     task: str = "classification"
     pad_index: int | None = None
+    clip_grad_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     total_loss = torch.zeros((), device=device)
     # plain SGD with masks: the mask is applied in the step, one pass per parameter
     # (p - lr * g * m), instead of masking the gradient first and stepping after
-    fused = bool(grad_masks) and not settings.momentum and not settings.weight_decay
+    fused = bool(grad_masks) and not settings.momentum and not settings.weight_decay \
+        and settings.clip_grad_norm is None  # clipping needs the masked gradient's norm first
     for _ in range(num_steps):
         idx = batches.next()
         opt.zero_grad(set_to_none=True)
@@ -172,6 +174,8 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
             if corr is not None:  # SCAFFOLD: g - c_i + c, the correction c - c_i given whole
                 g = g + corr if m is None else (g + corr) * m
             p.grad = g
+        if settings.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad_norm)
         if fused:
             _masked_sgd_step(opt, plan_by_param, settings.lr)
         else:
@@ -185,6 +189,16 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
     return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(num_steps, 1),
                         len(y), val_score, num_steps * batches.bs, num_steps)
+
+
+def clip_flat(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor:
+    """``grad`` scaled to L2 norm at most ``max_norm``, with the coefficient of
+    ``torch.nn.utils.clip_grad_norm_`` (``max_norm / (norm + 1e-6)``, capped at 1); ``None``
+    returns it unchanged. For trainers that step a flat vector (FjORD, FIARSE)."""
+    if max_norm is None:
+        return grad
+    coef = torch.clamp(max_norm / (torch.linalg.vector_norm(grad) + 1e-6), max=1.0)
+    return grad * coef
 
 
 @torch.no_grad()

@@ -126,3 +126,41 @@ def test_server_bn_pass_is_a_cumulative_average_over_the_split():
     per_width(space.flatten(model))
     assert per_width.width_buffers[0]["features.1.running_mean"].numel() == 8
     assert per_width.width_buffers[1]["features.1.running_mean"].numel() == 16
+
+
+# --- training.clip_grad_norm (HeteroFL's and FedRolex's published client loops clip at 1) ---
+
+def _one_step(s):
+    """One plain-SGD step of each width trainer from the same start: its parameter change."""
+    torch.manual_seed(0)
+    full = SPEC(1.0)
+    space = ParamSpace(full)
+    ws = WidthStructure(SPEC, full)
+    sl = ws.slice(0.5, 0)
+    sizes = (int(sl.mask.sum()), space.numel)
+    x, y = _data()
+    start = space.flatten(full)
+    out = {}
+    for name, tr in (("width", WidthTrainer(SPEC, (0.5, 1.0), sizes, scaler=True)),
+                     ("fjord", OrderedDropoutTrainer(SPEC, (0.5, 1.0), sizes, p_values=(0.5,)))):
+        out[name] = tr(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None).params - start * sl.mask
+    policy = FiarsePolicy(space, [0.5, 1.0], start, full)
+    out["fiarse"] = FiarseTrainer()(_Workload(SPEC(1.0), s), _Job(start, policy.mask(0)), x, y, None).params \
+        - start * policy.mask(0)
+    return out
+
+
+def test_clip_grad_norm_bounds_every_width_trainers_step_to_lr_times_the_norm():
+    free = _one_step(TrainSettings(lr=0.5, batch_size=10, local_steps=1))
+    clipped = _one_step(TrainSettings(lr=0.5, batch_size=10, local_steps=1, clip_grad_norm=0.01))
+    for name in free:
+        n_free, n_clip = float(free[name].norm()), float(clipped[name].norm())
+        assert n_free > 0.5 * 0.01 * 10, name  # the unclipped step is far larger than the bound
+        # one SGD step of a gradient clipped to 0.01: |delta| = lr * 0.01 (FIARSE's masks may
+        # also drop coordinates below their threshold, which only removes norm)
+        assert n_clip <= 0.5 * 0.01 * (1 + 1e-4), name
+        if name != "fiarse":
+            assert abs(n_clip - 0.5 * 0.01) < 1e-6, name
+            # same direction: clipping scales the gradient, it does not change it
+            cos = float(free[name] @ clipped[name]) / (n_free * n_clip)
+            assert cos > 0.9999, name

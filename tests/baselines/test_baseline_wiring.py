@@ -55,3 +55,21 @@ def test_gmr_moves_width_levels_up():
     exp.simulator.run(max_steps=6)
     after = exp.strategy.ladder.levels
     assert exp.strategy.ladder.restorations > 0 and all(a >= b for a, b in zip(after, before)) and after != before
+
+
+def test_heterofl_and_fedrolex_clip_at_one_like_their_published_code_and_the_user_can_change_it():
+    from fedgmr.experiment.build import train_settings
+    for method in ("heterofl", "fedrolex", "heterofl_aux", "fedrolex_aux_gmr"):
+        cfg = resolve_config(tiny_config(method=method))
+        assert cfg.training.clip_grad_norm == 1.0, method
+    for method in ("fedgmr", "fedavg", "fjord", "fiarse"):
+        assert resolve_config(tiny_config(method=method)).training.clip_grad_norm is None, method
+    exp = _build("fedrolex")
+    assert exp.executor.workload.settings.clip_grad_norm == 1.0  # it reaches the clients' trainer
+    cfg = resolve_config(tiny_config(method="fedrolex", training={"clip_grad_norm": 5.0}))
+    assert cfg.training.clip_grad_norm == 5.0
+    off = resolve_config(tiny_config(method="fedrolex", training={"clip_grad_norm": 0}))
+    assert off.training.clip_grad_norm == 0
+    assert train_settings(off, exp.data).clip_grad_norm is None  # 0 switches it off
+    fedgmr = resolve_config(tiny_config(method="fedgmr", training={"clip_grad_norm": 2.0}))
+    assert train_settings(fedgmr, exp.data).clip_grad_norm == 2.0
