@@ -413,7 +413,7 @@ class AggregationConfig(_Section):
 class RestorationConfig(_Section):
     """Gradual Model Restoration (docs/reference.md §5)."""
 
-    trigger: Literal["early_stopping", "fixed_time", "none"] = "early_stopping"
+    trigger: Literal["early_stopping", "fixed_time", "deadline", "none"] = "early_stopping"
     check_interval: int = Field(25, ge=1)
     patience: int = Field(5, ge=1)
     min_delta: float = Field(0.0, ge=0)

@@ -41,6 +41,8 @@ for _m in [
     Method("fedgmr_wo_ims", "FedGMR sending each sub-model whole", {"network.ims": False}),
     Method("fedgmr_fixed_time", "FedGMR restoring at fixed fractions of a horizon",
            {"restoration.trigger": "fixed_time"}),
+    Method("fedgmr_deadline", "FedGMR restoring on a plateau or at each rung's deadline, whichever comes first "
+           "(a rule of this library, not the paper's)", {"restoration.trigger": "deadline"}),
     Method("fedgmr_ma", "FedGMR with mask-aware aggregation (the default rule)", {"aggregation.rule": "ma"}),
     Method("fedgmr_ga", "FedGMR with gradient averaging", {"aggregation.rule": "ga"}),
     Method("fedgmr_fa", "FedGMR with zero-padded FedAvg", {"aggregation.rule": "fa"}),
@@ -169,6 +171,13 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
         if cfg.run.max_time is None:
             raise ConfigError("restoration.horizon is required for the fixed_time trigger when run.max_time is unset")
         cfg.restoration.horizon = cfg.run.max_time
+    if cfg.restoration.trigger == "deadline" and cfg.restoration.horizon is None:
+        # the ladder's last deadline falls at the time accuracy is read, or at the run's end
+        horizon = cfg.run.t_star if cfg.run.t_star is not None else cfg.run.max_time
+        if horizon is None:
+            raise ConfigError("restoration.horizon is required for the deadline trigger when run.t_star and "
+                              "run.max_time are unset")
+        cfg.restoration.horizon = horizon
     return cfg
 
 

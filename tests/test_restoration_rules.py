@@ -8,6 +8,7 @@ import math
 import pytest
 
 from fedgmr.algorithm.restoration import (
+    DeadlineTrigger,
     DensityLadder,
     EarlyStopping,
     EarlyStoppingTrigger,
@@ -158,6 +159,55 @@ def test_fixed_time_trigger_state_and_validation():
     assert other.on_time(61.0) == 1
     with pytest.raises(ValueError):
         FixedTimeTrigger(horizon=0)
+
+
+def test_deadline_trigger_fires_at_each_deadline_when_no_plateau_comes():
+    trig = DeadlineTrigger(patience=3, horizon=100)
+    assert trig.needs_validation
+    for i in range(10):  # steadily improving: never a plateau
+        assert trig.on_validation(i, float(i)) is False
+    assert trig.on_time(19.0) == 0
+    assert trig.on_time(20.0) == 1
+    assert trig.on_time(20.0) == 0
+    assert trig.on_time(65.0) == 2  # 40 and 60, both overdue
+    assert trig.on_time(1000.0) == 2  # 80 and 100; no more after the last fraction
+    assert trig.on_time(2000.0) == 0
+
+
+def test_deadline_trigger_plateau_before_a_deadline_takes_its_place():
+    trig = DeadlineTrigger(patience=1, horizon=100, cooldown=0)
+    assert trig.on_validation(0, 0.5) is False
+    assert trig.on_validation(1, 0.5) is True  # plateau at t < 20: restoration 1, early
+    assert trig.on_time(20.0) == 0  # the first deadline is already met
+    assert trig.on_validation(2, 0.5) is True  # a second plateau: restoration 2
+    assert trig.on_validation(3, 0.5) is True  # and a third, ahead of every deadline
+    assert trig.on_time(40.0) == 0 and trig.on_time(60.0) == 0  # deadlines 2 and 3 met by plateaus
+    assert trig.on_time(80.0) == 1  # restoration 4 was still owed at 80
+    assert trig.fired == 4
+
+
+def test_deadline_restoration_restarts_the_plateau_detector():
+    trig = DeadlineTrigger(patience=2, horizon=100, cooldown=1)
+    assert trig.on_validation(0, 1.0) is False
+    assert trig.on_validation(1, 1.0) is False  # one bad check
+    assert trig.on_time(20.0) == 1  # deadline: counter reset, cool-down started
+    assert trig.on_validation(2, 1.0) is False  # cool-down check
+    assert trig.on_validation(3, 1.0) is False  # first bad check again, not the second
+    assert trig.on_validation(4, 1.0) is True
+
+
+def test_deadline_trigger_state_round_trip():
+    trig = DeadlineTrigger(patience=1, horizon=100, cooldown=0)
+    trig.on_validation(0, 0.5)
+    trig.on_validation(1, 0.5)  # a plateau
+    trig.on_time(45.0)  # deadline 2 due -> fires one
+    other = DeadlineTrigger(patience=1, horizon=100, cooldown=0)
+    other.load_state_dict(json.loads(json.dumps(trig.state_dict())))
+    assert other.fired == trig.fired == 2
+    assert other.on_time(45.0) == 0
+    assert other.on_time(60.0) == 1
+    with pytest.raises(ValueError):
+        DeadlineTrigger(patience=1, horizon=0)
 
 
 def test_no_trigger_never_fires():

@@ -141,6 +141,21 @@ def test_fixed_time_trigger_restores_by_virtual_time():
     assert recs[-1]["avg_density"] == 1.0
 
 
+def test_deadline_trigger_completes_the_ladder_by_t_star_without_a_plateau():
+    # patience far beyond the run: only the deadlines (fifths of t* = 40 s) can restore
+    raw = tiny_config(method="fedgmr_deadline", restoration={"patience": 1000},
+                      run={"max_time": 45.0, "max_steps": None, "t_star": 40.0})
+    recs, exp = run(raw)
+    assert exp.config.restoration.horizon == 40.0  # the horizon defaults to t*
+    assert exp.strategy.ladder.restorations == 4
+    restored = [r["time"] for r in recs if r.get("restored")]
+    assert restored and all(t >= 8.0 for t in restored)  # none before the first deadline
+    assert recs[-1]["avg_density"] == 1.0
+    # the paper's rule with the same patience never restores in this run
+    recs2, exp2 = run(tiny_config(restoration={"patience": 1000}, run={"max_time": 45.0, "max_steps": None}))
+    assert exp2.strategy.ladder.restorations == 0
+
+
 def test_fedasync_mixes_every_arrival():
     recs, exp = run(tiny_config(method="fedasync"))
     assert exp.strategy.use_buffer is False

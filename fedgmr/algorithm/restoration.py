@@ -2,7 +2,9 @@
 
 * :class:`EarlyStopping` - a plateau detector (patience, min_delta, cool-down).
 * Triggers decide *when*: :class:`EarlyStoppingTrigger` (validation plateau),
-  :class:`FixedTimeTrigger` (fractions of a horizon) and :class:`NoTrigger`.
+  :class:`FixedTimeTrigger` (fractions of a horizon), :class:`DeadlineTrigger` (a
+  plateau, or a rung's deadline, whichever comes first; not the paper's) and
+  :class:`NoTrigger`.
 * :class:`DensityLadder` decides *what*: clients climb a ladder of densities.
 """
 
@@ -127,6 +129,51 @@ class FixedTimeTrigger(RestorationTrigger):
         return {"fired": self.fired}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fired = int(state["fired"])
+
+
+class DeadlineTrigger(EarlyStoppingTrigger):
+    """Early stopping with a deadline per restoration (a rule of this library, not the
+    paper's): restoration ``k`` fires on a validation plateau, or at
+    ``fractions[k-1] x horizon`` if no plateau came first.
+
+    The deadlines count every restoration, however it fired: a plateau before the first
+    deadline takes that deadline's place, so the ladder is never climbed faster than the
+    plateaus or the deadlines ask. A restoration by deadline restarts the plateau
+    detector (its counter and cool-down), as one by plateau does.
+    """
+
+    name = "deadline"
+
+    def __init__(self, patience: int, horizon: float, fractions: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0),
+                 min_delta: float = 0.0, cooldown: int | None = None) -> None:
+        super().__init__(patience, min_delta, cooldown)
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        self.deadlines = FixedTimeTrigger(horizon, fractions)
+        self.fired = 0
+
+    def on_validation(self, step: int, score: float) -> bool:
+        if super().on_validation(step, score):
+            self.fired += 1
+            return True
+        return False
+
+    def on_time(self, now: float) -> int:
+        self.deadlines.on_time(now)
+        new = max(self.deadlines.fired - self.fired, 0)
+        if new:
+            self.fired += new
+            self.monitor.bad_checks = 0
+            self.monitor.cooldown_left = self.monitor.cooldown
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.monitor.state_dict(), "deadlines_due": self.deadlines.fired, "fired": self.fired}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.monitor.load_state_dict(state)
+        self.deadlines.fired = int(state["deadlines_due"])
         self.fired = int(state["fired"])
 
 

@@ -15,8 +15,8 @@ from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.algorithm.masks import compute_costs, explicit_costs, flops_per_weight, layer_costs
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.algorithm.policies import POLICIES, FullModelPolicy, MagnitudePolicy, SubmodelPolicy
-from fedgmr.algorithm.restoration import (DensityLadder, EarlyStoppingTrigger, FixedTimeTrigger, NoTrigger,
-                                          RestorationTrigger)
+from fedgmr.algorithm.restoration import (DeadlineTrigger, DensityLadder, EarlyStoppingTrigger, FixedTimeTrigger,
+                                          NoTrigger, RestorationTrigger)
 from fedgmr.algorithm.staleness import make_staleness
 from fedgmr.baselines import hooks as baseline_hooks
 from fedgmr.config import ExperimentConfig
@@ -244,6 +244,9 @@ def _trigger(cfg: ExperimentConfig) -> RestorationTrigger:
     if r.trigger == "fixed_time":
         assert r.horizon is not None
         return FixedTimeTrigger(r.horizon, r.fractions)
+    if r.trigger == "deadline":
+        assert r.horizon is not None
+        return DeadlineTrigger(r.patience, r.horizon, r.fractions, r.min_delta, r.cooldown)
     return NoTrigger()
 
 
