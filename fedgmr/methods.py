@@ -167,18 +167,20 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
         _set_copy(data, key, value)
     cfg = parse_config(data)
     check_builder_options(cfg)
-    if cfg.restoration.trigger == "fixed_time" and cfg.restoration.horizon is None:
-        if cfg.run.max_time is None:
-            raise ConfigError("restoration.horizon is required for the fixed_time trigger when run.max_time is unset")
-        cfg.restoration.horizon = cfg.run.max_time
-    if cfg.restoration.trigger == "deadline" and cfg.restoration.horizon is None:
-        # the ladder's last deadline falls at the time accuracy is read, or at the run's end
-        horizon = cfg.run.t_star if cfg.run.t_star is not None else cfg.run.max_time
+    if cfg.restoration.trigger in _HORIZON_DEFAULTS and cfg.restoration.horizon is None:
+        keys = _HORIZON_DEFAULTS[cfg.restoration.trigger]
+        horizon = next((getattr(cfg.run, k) for k in keys if getattr(cfg.run, k) is not None), None)
         if horizon is None:
-            raise ConfigError("restoration.horizon is required for the deadline trigger when run.t_star and "
-                              "run.max_time are unset")
+            raise ConfigError(f"restoration.horizon is required for the {cfg.restoration.trigger} trigger when "
+                              + " and ".join(f"run.{k}" for k in keys) + (" are" if len(keys) > 1 else " is")
+                              + " unset")
         cfg.restoration.horizon = horizon
     return cfg
+
+
+#: where a time-based trigger's horizon comes from when restoration.horizon is unset, first
+#: set wins: fixed-time restorations span the run; the deadlines end where accuracy is read
+_HORIZON_DEFAULTS: dict[str, tuple[str, ...]] = {"fixed_time": ("max_time",), "deadline": ("t_star", "max_time")}
 
 
 def check_builder_options(cfg: ExperimentConfig) -> None:

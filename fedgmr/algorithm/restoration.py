@@ -46,10 +46,15 @@ class EarlyStopping:
             return False
         self.bad_checks = 0 if improved else self.bad_checks + 1
         if self.bad_checks >= self.patience:
-            self.bad_checks = 0
-            self.cooldown_left = self.cooldown
+            self.restart()
             return True
         return False
+
+    def restart(self) -> None:
+        """After a restoration (this detector's or another trigger's): the counter starts
+        again and the cool-down begins."""
+        self.bad_checks = 0
+        self.cooldown_left = self.cooldown
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best if math.isfinite(self.best) else None, "bad_checks": self.bad_checks,
@@ -164,8 +169,7 @@ class DeadlineTrigger(EarlyStoppingTrigger):
         new = max(self.deadlines.fired - self.fired, 0)
         if new:
             self.fired += new
-            self.monitor.bad_checks = 0
-            self.monitor.cooldown_left = self.monitor.cooldown
+            self.monitor.restart()
         return new
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from fedgmr.errors import ConfigError
 from fedgmr.models import build_model
 from fedgmr.models.rep import is_representation_model
 from fedgmr.training.client_methods import ClientResult
-from fedgmr.training.local import BatchOrder, TrainOutcome
+from fedgmr.training.local import BatchOrder, TrainOutcome, clip_gradients
 from fedgmr.training.losses import task_loss
 
 
@@ -339,8 +339,7 @@ def _run_steps(module: nn.Module, opt: torch.optim.SGD, x: torch.Tensor, y: torc
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(x[idx].to(device), y[idx].to(device))
         loss.backward()
-        if settings.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.clip_grad_norm)
+        clip_gradients(module, settings.clip_grad_norm)
         opt.step()
         total += loss.detach()
     return float(total), settings.local_steps, batches.bs

@@ -174,8 +174,7 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
             if corr is not None:  # SCAFFOLD: g - c_i + c, the correction c - c_i given whole
                 g = g + corr if m is None else (g + corr) * m
             p.grad = g
-        if settings.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad_norm)
+        clip_gradients(model, settings.clip_grad_norm)
         if fused:
             _masked_sgd_step(opt, plan_by_param, settings.lr)
         else:
@@ -189,6 +188,12 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
     return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(num_steps, 1),
                         len(y), val_score, num_steps * batches.bs, num_steps)
+
+
+def clip_gradients(model: nn.Module, max_norm: float | None) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` over ``model``'s gradients; ``None`` leaves them."""
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 def clip_flat(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor:
