@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,7 +16,9 @@ import yaml
 
 from conftest import scaled, tiny_config
 from fedgmr.errors import ConfigError
+from fedgmr.experiment.metrics import flatten_config
 from fedgmr.experiment.sweep import SweepSpec, expand, load_sweep, resolve_cells
+from fedgmr.experiment.table import _resolve_key
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
@@ -296,6 +299,15 @@ def test_every_shipped_sweep_file_resolves_to_valid_cells(tmp_path: Path):
         cells = expand(spec, root)
         resolve_cells(cells)
         assert len({c.name for c in cells}) == len(cells) > 1
+        # the header's `fedgmr table` command names keys these cells have, unambiguously
+        keys = set(flatten_config(cells[0].config.model_dump(mode="json"))) | set(cells[0].point)
+        for line in text.splitlines():
+            if line.startswith("#") and "fedgmr table " in line:
+                words = shlex.split(line.lstrip("# "))
+                for flag in ("--rows", "--cols"):
+                    if flag in words:
+                        for short in words[words.index(flag) + 1].split(","):
+                            _resolve_key(short, keys)  # ConfigError: unknown or ambiguous
     # Table 7's w/o (Buff, IMS) row changes two keys at once
     spec, root = load_sweep("table7")
     both = [c for c in expand(spec, root) if c.overrides.get("network.ims") is False]

@@ -1,0 +1,60 @@
+"""The measured tables in docs/reproduction.md are what `fedgmr table` prints on the cells
+kept in the repository under ``measured/``.
+
+Wherever the page shows a ``fedgmr table measured/...`` command in a ``bash`` block followed
+by an output block, the command is run from the repository root and its output must equal
+the pasted block, character for character: a table edited by hand, or cells changed or
+lost after the table was pasted, fail here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "reproduction.md"
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def pasted_tables(text: str) -> list[tuple[str, str]]:
+    """``(command, pasted output)`` for each bash block ending in a ``fedgmr table measured/``
+    line that is followed (after blank lines only) by a plain output block."""
+    blocks = [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```\n", text, flags=re.M | re.S)]
+    spans = [m.span() for m in re.finditer(r"^```(\w*)\n(.*?)^```\n", text, flags=re.M | re.S)]
+    found = []
+    for i, ((lang, body), (_, end)) in enumerate(zip(blocks, spans)):
+        lines = [ln.strip() for ln in body.strip().splitlines()]
+        if lang != "bash" or not lines or not lines[-1].startswith("fedgmr table measured/"):
+            continue
+        if i + 1 < len(blocks) and blocks[i + 1][0] == "" and not text[end:spans[i + 1][0]].strip():
+            found.append((lines[-1], blocks[i + 1][1]))
+    return found
+
+
+TABLES = pasted_tables(PAGE.read_text(encoding="utf-8"))
+
+
+def test_the_page_shows_measured_tables():
+    assert len(TABLES) >= 1
+
+
+def test_pasted_tables_are_found_only_after_their_command():
+    text = ("```bash\nfedgmr table measured/x --t-star 1\n```\n\n```\nOUT\n```\n"
+            "```bash\nfedgmr table measured/y --t-star 1\n```\nprose between\n```\nnot its output\n```\n")
+    assert pasted_tables(text) == [("fedgmr table measured/x --t-star 1", "OUT\n")]
+
+
+@pytest.mark.parametrize("cmd,pasted", TABLES, ids=[c for c, _ in TABLES])
+def test_pasted_table_is_what_fedgmr_table_prints(cmd: str, pasted: str):
+    args = shlex.split(cmd)[1:]
+    proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
+                          cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == pasted.strip(), f"{cmd} now prints:\n{proc.stdout}"
