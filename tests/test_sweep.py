@@ -241,6 +241,32 @@ def _pids_with(text: str) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_terminated_sweep_stops_its_cells_records_them_pending_and_says_how_to_continue(tmp_path: Path):
+    """`kill PID` (SIGTERM, as SLURM's scancel sends) ends a sweep as Ctrl-C does."""
+    sweep = _sweep_file(tmp_path, {"seed": [0, 1, 2]},
+                        set_={"run.max_steps": 40, "run.checkpoint_every": 2})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "sweep", str(sweep), "--out", str(out), "--jobs", "1"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + scaled(600)
+    second = out / "seed=1"
+    while not ((out / "seed=0" / "summary.json").exists() and (second / "checkpoint" / "state.json").exists()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the sweep made no progress"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=scaled(120))
+    assert proc.returncode == 130, err
+    assert "interrupted: rerun the same command to continue" in err
+    assert not _pids_with(str(second)), "the running cell outlived its sweep"
+    status = {c["name"]: c["status"] for c in _index(out)["cells"]}
+    assert status == {"seed=0": "done", "seed=1": "pending", "seed=2": "pending"}
+    rerun = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "1")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "3/3 cells done (1 already finished, 1 resumed)" in rerun.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_sweep_resumes_without_redoing_finished_cells(tmp_path: Path):
     sweep = _sweep_file(tmp_path, {"seed": [0, 1, 2]},
                         set_={"run.max_steps": 40, "run.checkpoint_every": 2})
