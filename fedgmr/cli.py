@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -420,6 +417,7 @@ def sweep(
                                    "repeatable; the cells keep their names, so a later full pass skips them"),
 ) -> None:
     """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
+    from fedgmr.experiment.interrupt import sigterm_as_interrupt
     from fedgmr.experiment.sweep import (_cell_state, expand, import_sweep_code, load_sweep, parse_only,
                                          resolve_cells, run_sweep, select)
 
@@ -438,7 +436,7 @@ def sweep(
             typer.echo(f"{len(cells)} cells -> {out}")
             return
         display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
-        with display, _sigterm_as_interrupt():  # `kill`, SLURM's scancel: stop as Ctrl-C does
+        with display, sigterm_as_interrupt():  # `kill`, SLURM's scancel: stop as Ctrl-C does
             outcome = run_sweep(spec, Path(sweep_file), root, out, jobs=jobs, executor=executor,  # type: ignore
                                 ray_address=ray_address, on_event=display.event, only=chosen)
     except FedGMRError as exc:
@@ -456,25 +454,6 @@ def sweep(
         typer.echo(f"error: {len(outcome.failed)} of {len(outcome.cells)} cells failed "
                    f"(logs in {out / 'logs'})", err=True)
         raise typer.Exit(1)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """While the block runs, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does, so an
-    interrupted sweep stops its running cells, records them as pending and says how to
-    continue, instead of dying at once (main thread only; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _SweepDisplay:

@@ -26,15 +26,14 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 def pasted_tables(text: str) -> list[tuple[str, str]]:
     """``(command, pasted output)`` for each bash block ending in a ``fedgmr table measured/``
     line that is followed (after blank lines only) by a plain output block."""
-    blocks = [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```\n", text, flags=re.M | re.S)]
-    spans = [m.span() for m in re.finditer(r"^```(\w*)\n(.*?)^```\n", text, flags=re.M | re.S)]
+    blocks = list(re.finditer(r"^```(\w*)\n(.*?)^```\n", text, flags=re.M | re.S))
     found = []
-    for i, ((lang, body), (_, end)) in enumerate(zip(blocks, spans)):
-        lines = [ln.strip() for ln in body.strip().splitlines()]
-        if lang != "bash" or not lines or not lines[-1].startswith("fedgmr table measured/"):
+    for block, after in zip(blocks, blocks[1:]):
+        lines = block.group(2).strip().splitlines()
+        if block.group(1) != "bash" or not lines or not lines[-1].strip().startswith("fedgmr table measured/"):
             continue
-        if i + 1 < len(blocks) and blocks[i + 1][0] == "" and not text[end:spans[i + 1][0]].strip():
-            found.append((lines[-1], blocks[i + 1][1]))
+        if after.group(1) == "" and not text[block.end():after.start()].strip():
+            found.append((lines[-1].strip(), after.group(2)))
     return found
 
 

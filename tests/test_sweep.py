@@ -240,25 +240,31 @@ def _pids_with(text: str) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_terminated_sweep_stops_its_cells_records_them_pending_and_says_how_to_continue(tmp_path: Path):
-    """`kill PID` (SIGTERM, as SLURM's scancel sends) ends a sweep as Ctrl-C does."""
+def _sweep_caught_mid_cell(tmp_path: Path) -> tuple[Path, Path, subprocess.Popen]:
+    """A three-cell sweep (``--jobs 1``), returned once its first cell is done and its second
+    has written a checkpoint: (sweep file, sweep directory, the sweep's process)."""
     sweep = _sweep_file(tmp_path, {"seed": [0, 1, 2]},
                         set_={"run.max_steps": 40, "run.checkpoint_every": 2})
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "sweep", str(sweep), "--out", str(out), "--jobs", "1"],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + scaled(600)
-    second = out / "seed=1"
-    while not ((out / "seed=0" / "summary.json").exists() and (second / "checkpoint" / "state.json").exists()):
+    while not ((out / "seed=0" / "summary.json").exists() and (out / "seed=1" / "checkpoint" / "state.json").exists()):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the sweep made no progress"
         time.sleep(0.1)
+    return sweep, out, proc
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_terminated_sweep_stops_its_cells_records_them_pending_and_says_how_to_continue(tmp_path: Path):
+    """`kill PID` (SIGTERM, as SLURM's scancel sends) ends a sweep as Ctrl-C does."""
+    sweep, out, proc = _sweep_caught_mid_cell(tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=scaled(120))
     assert proc.returncode == 130, err
     assert "interrupted: rerun the same command to continue" in err
-    assert not _pids_with(str(second)), "the running cell outlived its sweep"
+    assert not _pids_with(str(out / "seed=1")), "the running cell outlived its sweep"
     status = {c["name"]: c["status"] for c in _index(out)["cells"]}
     assert status == {"seed=0": "done", "seed=1": "pending", "seed=2": "pending"}
     rerun = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "1")
@@ -268,20 +274,11 @@ def test_a_terminated_sweep_stops_its_cells_records_them_pending_and_says_how_to
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_sweep_resumes_without_redoing_finished_cells(tmp_path: Path):
-    sweep = _sweep_file(tmp_path, {"seed": [0, 1, 2]},
-                        set_={"run.max_steps": 40, "run.checkpoint_every": 2})
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "sweep", str(sweep), "--out", str(out), "--jobs", "1"],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + scaled(600)
+    sweep, out, proc = _sweep_caught_mid_cell(tmp_path)
     second = out / "seed=1"
-    # kill -9 once the first cell is done and the second has written a checkpoint
-    while not ((out / "seed=0" / "summary.json").exists() and (second / "checkpoint" / "state.json").exists()):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the sweep made no progress"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)  # kill -9: no handler runs
     proc.wait(timeout=scaled(60))
+    deadline = time.monotonic() + scaled(600)
     while _pids_with(str(second)):  # its running cell dies with it
         assert time.monotonic() < deadline, "the running cell outlived its sweep"
         time.sleep(0.1)

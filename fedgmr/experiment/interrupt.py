@@ -48,4 +48,24 @@ def sigint_latch() -> Iterator[InterruptLatch]:
         signal.signal(signal.SIGINT, previous)
 
 
-__all__ = ["InterruptLatch", "sigint_latch"]
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM (``kill``, SLURM's ``scancel``) raises
+    ``KeyboardInterrupt`` as Ctrl-C does, so the caller's Ctrl-C path (a sweep stopping its
+    cells and recording them as pending) runs instead of the process dying at once. Main
+    thread only; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["InterruptLatch", "sigint_latch", "sigterm_as_interrupt"]
