@@ -1,12 +1,13 @@
 """Bounded influence of one client on the server (issue: one bad client cannot hurt the
 server): sample counts come from the server's own knowledge or are capped, values are
 checked as float32, an update's norm is clipped to a bound, and a persistent adversary
-among ten clients leaves the final accuracy where an honest run puts it."""
+among ten clients drifts the model but can no longer capture it."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -279,9 +280,10 @@ class AdversarialExecutor:
         self.inner.close()
 
 
-def _digits_run(adversary: bool, bounded: bool, steps: int = STEPS) -> tuple[float, MaskedBufferedStrategy]:
+def _digits_run(adversary: bool, bounded: bool, steps: int = STEPS,
+                seed: int = 0) -> tuple[float, MaskedBufferedStrategy]:
     """The quickstart task (digits, CNN, 10 clients, High heterogeneity, Dirichlet 0.5,
-    K = 3) with 16/32 channels, ``steps`` server steps, seed 0; final test accuracy."""
+    K = 3) with 16/32 channels, ``steps`` server steps; final test accuracy."""
     from importlib.resources import files
 
     import yaml
@@ -292,6 +294,7 @@ def _digits_run(adversary: bool, bounded: bool, steps: int = STEPS) -> tuple[flo
     raw = yaml.safe_load((files("fedgmr.presets") / "quickstart.yaml").read_text())
     raw["model"]["options"]["channels"] = [16, 32]
     raw["run"] = {"max_steps": steps, "eval_every": steps}
+    raw["seed"] = seed
     if bounded:
         raw["aggregation"] = {"max_update_norm": BOUND}
     records: list[dict] = []
@@ -305,18 +308,32 @@ def _digits_run(adversary: bool, bounded: bool, steps: int = STEPS) -> tuple[flo
     return records[-1]["accuracy"], exp.strategy
 
 
+SEEDS = (0, 1, 2)
+
+
 @pytest.mark.slow
-def test_one_adversary_of_ten_leaves_the_final_accuracy_within_one_point(capsys):
-    honest, _ = _digits_run(adversary=False, bounded=True)
-    attacked, st = _digits_run(adversary=True, bounded=True)
+def test_with_the_bounds_a_persistent_adversary_drifts_the_model_but_cannot_capture_it(capsys):
+    """Over three seeds, one adversary of ten reporting at every turn: its claims are
+    overridden and each of its updates clipped, the model stays finite and keeps most of
+    what it learnt (unbounded, the same adversary leaves chance level: the next test).
+    Norm bounds do *not* keep the final accuracy where the honest run puts it: the drift
+    depends on the seed (measured -0 to -30 points; docs/distributed.md), so no band
+    around the honest accuracy is asserted - one seed's luck once passed for one."""
+    honest, attacked = [], []
+    for seed in SEEDS:
+        h, _ = _digits_run(adversary=False, bounded=True, seed=seed)
+        a, st = _digits_run(adversary=True, bounded=True, seed=seed)
+        honest.append(h), attacked.append(a)
+        assert st.bounds.capped >= 10  # the adversary reported often, and its claims were ignored
+        assert st.bounds.clipped >= st.bounds.capped  # each of its updates was clipped to the bound
+        assert bool(torch.isfinite(st.params).all())
     with capsys.disabled():
-        print(f"\nfinal accuracy, max_update_norm={BOUND}: honest {100 * honest:.2f}%, "
-              f"one adversary (client {ADVERSARY}) {100 * attacked:.2f}%; "
-              f"{st.bounds.clipped} updates clipped, {st.bounds.capped} sample claims overridden")
-    assert st.bounds.capped >= 10  # the adversary reported often, and its claims were ignored
-    assert st.bounds.clipped >= st.bounds.capped  # each of its updates was clipped to the bound
-    assert honest > 0.8  # a model worth protecting
-    assert abs(attacked - honest) <= 0.01
+        print(f"\nfinal accuracy, max_update_norm={BOUND}, seeds {SEEDS}: honest "
+              f"{[round(100 * h, 2) for h in honest]}, one adversary (client {ADVERSARY}) "
+              f"{[round(100 * a, 2) for a in attacked]}")
+    assert min(honest) > 0.8  # a model worth protecting
+    assert statistics.mean(attacked) >= 0.6  # far above the 10 % the unbounded adversary leaves
+    assert min(attacked) >= 0.4
 
 
 @pytest.mark.slow
