@@ -61,6 +61,35 @@ def test_payload_bar_upload_is_rho_times_the_full_model(rho):
     assert k == round(rho * exp.space.numel)  # density counts the whole model (density_basis: model)
 
 
+def test_prune_output_lets_a_low_density_payload_weigh_its_density():
+    """A model whose output layer is a large share (here 13.5 %; Shakespeare's LSTM 15 %):
+    kept whole, as reference §3.3 says, it makes a density-0.05 upload weigh several times
+    0.05 of the model; ``submodel.prune_output`` ranks it with the other weights, and the
+    upload weighs 0.05 x the model, as the baselines' do."""
+    def per_upload(**submodel) -> tuple[float, object]:
+        raw = tiny_config(method="fedgmr_wo_gmr", model={"name": "mlp", "options": {"hidden": [64]}},
+                          clients={"num_clients": 4, "heterogeneity": [0.05] * 4}, submodel=submodel,
+                          network={"model_size_mb": None}, run={"max_steps": 3, "eval_every": 3})
+        recs: list = []
+        cfg, exp = _build(raw, recs)
+        exp.simulator.run(cfg.run.max_steps)
+        return recs[-1]["bytes_up"] / recs[-1]["uploads"], exp.space
+
+    pruned, space = per_upload(prune_output=True)
+    kept_whole, kept_space = per_upload()
+    head = next(p for p in space.params if p.name.startswith(f"{space.output_layer}.") and len(p.shape) == 2)
+    assert head.prunable and not next(p for p in kept_space.params if p.name == head.name).prunable
+    biases = space.numel - space.num_prunable  # what stays always kept: the biases
+    assert biases == sum(p.numel for p in space.params if len(p.shape) == 1)
+    assert pruned == payload_nbytes(round(0.05 * space.numel))
+    assert kept_whole > 2.5 * pruned
+
+
+def test_prune_output_is_refused_where_a_baseline_builds_the_sub_models():
+    with pytest.raises(Exception, match="prune_output"):
+        _build(tiny_config(method="heterofl", submodel={"prune_output": True}))
+
+
 def test_download_carries_the_mask_only_when_it_changed():
     """Item 1: values every time; the mask code on first contact and after a restoration."""
     raw = tiny_config(method="fedgmr_wo_ims", submodel={"refresh_every": None}, network={"model_size_mb": None},

@@ -42,9 +42,13 @@ class ParamSpace:
     model: the model whose layout to describe.
     output_layer: name prefix of the output layer; by default the last module that owns
         a weight with ndim >= 2.
+    prune_output: count the output layer's weight among the prunable ones (by default it
+        is always kept, reference §3.3). On a small model whose output layer is a large
+        share of the coordinates (a character LSTM), an always-kept output layer makes a
+        low-density sub-model weigh several times its density.
     """
 
-    def __init__(self, model: nn.Module, output_layer: str | None = None) -> None:
+    def __init__(self, model: nn.Module, output_layer: str | None = None, prune_output: bool = False) -> None:
         norm_params: set[str] = set()
         weight_modules: list[str] = []
         for mod_name, module in model.named_modules():
@@ -56,13 +60,14 @@ class ParamSpace:
         if output_layer is None:
             output_layer = weight_modules[-1] if weight_modules else ""
         self.output_layer = output_layer
+        self.prune_output = prune_output
         infos: list[ParamInfo] = []
         offset = 0
         for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
             module_name = name.rsplit(".", 1)[0] if "." in name else ""
-            prunable = p.ndim >= 2 and name not in norm_params and module_name != output_layer
+            prunable = p.ndim >= 2 and name not in norm_params and (prune_output or module_name != output_layer)
             infos.append(ParamInfo(name, tuple(p.shape), offset, p.numel(), prunable))
             offset += p.numel()
         self.params: tuple[ParamInfo, ...] = tuple(infos)

@@ -227,6 +227,9 @@ def _policy(cfg: ExperimentConfig, space: ParamSpace, params: torch.Tensor, mode
         able = ", ".join(n for n in POLICIES.names() if getattr(POLICIES.get(n), "supports_per_client", False))
         raise ConfigError(f"submodel.per_client draws every client its own mask, which submodel.policy {name!r} "
                           f"does not: use one of {able}")
+    if cfg.submodel.prune_output and (hasattr(factory, "from_config") or factory is FullModelPolicy):
+        raise ConfigError(f"submodel.prune_output ranks the output layer with FedGMR's masks; submodel.policy "
+                          f"{name!r} builds its own sub-models (FIARSE already prunes the output layer)")
     if hasattr(factory, "from_config"):  # structured baseline policies (fedgmr.baselines)
         return factory.from_config(space, params, model, cfg, width_builder)
     if factory is FullModelPolicy:
@@ -264,7 +267,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     partition = _partition(cfg, data, streams.partition)
     factory = model_factory(cfg, data)
     model = init_model(factory, streams.init)
-    space = ParamSpace(model)
+    space = ParamSpace(model, prune_output=cfg.submodel.prune_output)
     params = space.flatten(model).to(device)
     buffers = to_device(get_buffers(model), device)
     n = cfg.clients.num_clients
