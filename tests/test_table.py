@@ -308,3 +308,17 @@ def test_pruned_energy_is_shown_as_logged_and_lowest_is_bold(tmp_path: Path):
     assert t.cells[(("fedgmr_random",), ())]["mean"] == pytest.approx(291.0)
     text = render(t, "md")
     assert "Bold: lowest mean" in text and "**8.50 ± 0.71**" in text and "291.00 ± 1.41" in text
+
+
+def test_a_key_added_after_a_run_was_made_reads_as_its_default(tmp_path: Path):
+    """Runs made before ``submodel.prune_output`` existed ran as its default (False): a table
+    puts them beside new runs that set it, instead of refusing the key."""
+    for seed in (0, 1):
+        _run(tmp_path / "old", "fedgmr", seed, "high", 0.80)
+        _run(tmp_path / "new", "fedgmr", seed, "high", 0.90, extra={"submodel.prune_output": True})
+    runs = [read_run(p) for p in find_runs([tmp_path / "old", tmp_path / "new"])]
+    assert sorted(str(r.config.get("submodel.prune_output")) for r in runs) == ["None", "None", "True", "True"]
+    t = build_table(runs, t_star=10.0, rows=["prune_output"])
+    assert sorted(r.config["submodel.prune_output"] for r in runs) == [False, False, True, True]
+    means = {row: t.cells[(row, col)]["mean"] for (row, col) in t.cells}
+    assert means == {(False,): pytest.approx(0.80), (True,): pytest.approx(0.90)}

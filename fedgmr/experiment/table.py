@@ -130,6 +130,16 @@ def sweep_case(path: Path) -> str | None:
     return sweep_cases(path).get("case")
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> dict[str, Any]:
+    """Every config key with its default, flattened: what a run made before a key was
+    added ran with (a new key's default keeps the old behaviour), so a table can put old
+    runs beside new ones that set it (``--rows method,prune_output``)."""
+    from fedgmr.config import ExperimentConfig
+
+    return flatten_config(ExperimentConfig().model_dump(mode="json"))
+
+
 def read_run(path: Path, metric: str = "accuracy") -> RunData:
     """A run's config and its evaluation series of ``metric`` (the global test accuracy,
     or a personalised one); one-line errors for a damaged run."""
@@ -217,6 +227,11 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
     if target is not None and not TABLE_METRICS[metrics[0]].accuracy:
         raise ConfigError(f"--target is an accuracy to reach; {metrics[0]!r} is not an accuracy")
     keys = sorted({k for r in runs for k in r.config})
+    defaults = _schema_defaults()
+    for r in runs:  # a key added since a run was made: that run ran as its default
+        for k in keys:
+            if k not in r.config and k in defaults:
+                r.config[k] = defaults[k]
     varying = [k for k in keys if k not in EXECUTION_KEYS
                and len({_hashable(r.config.get(k)) for r in runs}) > 1]
     row_keys = [_resolve_key(k, keys) for k in rows]
