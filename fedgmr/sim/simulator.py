@@ -174,6 +174,7 @@ class Simulator:
         self.bytes_up = 0.0
         self.bytes_down = 0.0
         self.uploads = 0  # replies that reached the server
+        self.client_uploads = [0] * n  # the same, per client
         self.downloads = 0  # sub-models sent to clients
         self.server_busy = False
         self.deadline_epoch = 0
@@ -320,6 +321,7 @@ class Simulator:
         res = f.handle.result()
         self.bytes_up += f.up_bytes
         self.uploads += 1
+        self.client_uploads[c] += 1
         reply = Reply(c, res.version, res.values, res.num_samples, res.buffers,
                       self.strategy.rule.consumes, None, res.loss, res.val_score, res.num_processed, dict(res.extras))
         if res.state is not None:  # the client's own: kept whether or not the server accepts the reply
@@ -408,7 +410,7 @@ class Simulator:
         rec = {
             "time": self.now if at is None else at, "step": self._published[0], "accuracy": acc, "loss": loss,
             "avg_density": mean_density(dens), "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-            "uploads": self.uploads, "downloads": self.downloads,
+            "uploads": self.uploads, "downloads": self.downloads, "client_uploads": list(self.client_uploads),
             "densities": dens, "val_accuracy": val_score, "restored": list(moved),
             "restorations": self.strategy.ladder.restorations,
             "staleness_mean": self.last_step_stats["staleness_mean"],
@@ -528,7 +530,7 @@ class Simulator:
             "now": self.now, "seq": self._seq, "events": [[e.time, e.seq, e.kind, e.client, e.data] for e in self.events],
             "flights": flights, "dispatches": self.dispatches, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "uploads": self.uploads, "downloads": self.downloads,
-            "server_busy": self.server_busy, "deadline_epoch": self.deadline_epoch,
+            "client_uploads": list(self.client_uploads), "server_busy": self.server_busy, "deadline_epoch": self.deadline_epoch,
             "deadline_armed": self.deadline_armed, "deadline_passed": self.deadline_passed,
             "next_grid": self.next_grid if math.isfinite(self.next_grid) else None, "grid_index": self._grid_index,
             "since_record": self._since_record, "wave": sorted(self.wave), "records": self.records,
@@ -567,6 +569,8 @@ class Simulator:
         self.bytes_up = float(state["bytes_up"])
         self.bytes_down = float(state["bytes_down"])
         self.uploads = int(state["uploads"])
+        if "client_uploads" in state:  # (a checkpoint written before the counts were kept: from zero)
+            self.client_uploads = [int(v) for v in state["client_uploads"]]
         self.downloads = int(state["downloads"])
         self.server_busy = bool(state["server_busy"])
         self.deadline_epoch = int(state["deadline_epoch"])
