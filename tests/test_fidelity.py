@@ -86,7 +86,9 @@ def test_prune_output_lets_a_low_density_payload_weigh_its_density():
 
 
 def test_prune_output_is_refused_where_a_baseline_builds_the_sub_models():
-    with pytest.raises(Exception, match="prune_output"):
+    from fedgmr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="prune_output"):
         _build(tiny_config(method="heterofl", submodel={"prune_output": True}))
 
 
