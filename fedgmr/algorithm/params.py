@@ -60,7 +60,6 @@ class ParamSpace:
         if output_layer is None:
             output_layer = weight_modules[-1] if weight_modules else ""
         self.output_layer = output_layer
-        self.prune_output = prune_output
         infos: list[ParamInfo] = []
         offset = 0
         for name, p in model.named_parameters():

@@ -229,9 +229,8 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
     keys = sorted({k for r in runs for k in r.config})
     defaults = _schema_defaults()
     for r in runs:  # a key added since a run was made: that run ran as its default
-        for k in keys:
-            if k not in r.config and k in defaults:
-                r.config[k] = defaults[k]
+        for k in defaults.keys() & set(keys) - r.config.keys():
+            r.config[k] = defaults[k]
     varying = [k for k in keys if k not in EXECUTION_KEYS
                and len({_hashable(r.config.get(k)) for r in runs}) > 1]
     row_keys = [_resolve_key(k, keys) for k in rows]
