@@ -28,9 +28,18 @@ def threshold(scores: torch.Tensor, size: float) -> float:
 
 
 def multiplier(w: torch.Tensor, theta: torch.Tensor | float) -> torch.Tensor:
-    """Threshold-controlled gradient multiplier ``1 + 2 theta |w| / (|w| + theta)^2``."""
+    """Threshold-controlled gradient multiplier ``1 + 2 theta |w| / (|w| + theta)^2``.
+
+    Taken as its limit 1 where the ratio is undefined: ``|w| = theta = 0`` (a full-size
+    sub-model whose smallest kept weight is exactly zero) and ``theta = inf``. Without
+    this, one exact zero in a full client's weights made every gradient NaN.
+    """
     a = w.abs()
-    return 1.0 + 2.0 * theta * a / (a + theta) ** 2
+    theta = torch.as_tensor(theta, dtype=a.dtype, device=a.device)
+    denom = (a + theta) ** 2
+    defined = (denom > 0) & torch.isfinite(theta)
+    ratio = 2.0 * theta * a / torch.where(defined, denom, torch.ones_like(denom))
+    return 1.0 + torch.where(defined, ratio, torch.zeros_like(ratio))
 
 
 def _stage_names(model: nn.Module) -> dict[str, str]:

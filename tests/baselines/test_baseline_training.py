@@ -112,6 +112,27 @@ def test_fiarse_trainer_uses_extracted_thresholds():
     assert out.params.shape == params.shape and bool((out.params[~policy.mask(0)] == 0).all())
 
 
+def test_fiarse_full_client_trains_through_an_exact_zero_weight():
+    # Regression: a full-size client's threshold is its smallest |w|; one weight at exactly
+    # 0 made theta = 0 and the multiplier 0/0, so every update came back NaN and the full
+    # client was rejected for the rest of the run (MNIST Table 1, FIARSE High).
+    torch.manual_seed(0)
+    model = SPEC(1.0)
+    space = ParamSpace(model)
+    params = space.flatten(model)
+    params[3] = 0.0
+    full = torch.ones(space.numel, dtype=torch.bool)
+    groups = fiarse_math.score_groups(model, space)
+    s = TrainSettings(lr=0.05, batch_size=10, local_steps=3)
+    x, y = _data()
+    out = fiarse_local_training(model, space, params, {}, full, groups, x, y, s, 1)
+    assert bool(torch.isfinite(out.params).all())
+    assert not torch.equal(out.params, params)  # it trained
+    # theta = 0 makes the multiplier 1 everywhere: plain masked SGD on the full model
+    plain = fiarse_local_training(model, space, params, {}, full, torch.full_like(groups, -1), x, y, s, 1)
+    assert torch.equal(out.params, plain.params)
+
+
 def test_server_bn_pass_is_a_cumulative_average_over_the_split():
     torch.manual_seed(0)
     model = SPEC(1.0)

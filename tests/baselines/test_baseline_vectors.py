@@ -80,6 +80,15 @@ def test_fiarse_gradient_multiplier_vector():
     assert abs(m[1].item() - 1.32) < 1e-6
 
 
+def test_fiarse_multiplier_is_its_limit_where_the_ratio_is_undefined():
+    # |w| = theta = 0 (a full sub-model whose smallest kept weight is exactly 0) and
+    # theta = inf (a group with nothing kept) give 0/0 and inf/inf; the limit is 1.
+    w = torch.tensor([0.0, 0.0, 0.5, 0.0])
+    theta = torch.tensor([0.0, float("inf"), 0.0, 0.5])
+    assert fiarse_math.multiplier(w, theta).tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert fiarse_math.multiplier(torch.tensor([0.0, 3.0]), 0.0).tolist() == [1.0, 1.0]
+
+
 def test_fiarse_ties_keep_more_and_size_floor():
     w = torch.tensor([1.0, 1.0, 1.0, 0.5])
     assert fiarse_math.level_mask(w, torch.zeros(4, dtype=torch.long), 0.25).tolist() == [True, True, True, False]
