@@ -154,6 +154,10 @@ def run(
     typer.echo(f"{summary['method']}: final accuracy {100 * summary['final_accuracy']:.2f}% at "
                f"t={summary['time']:,.1f}s after {summary['steps']} steps "
                f"({time.perf_counter() - t0:.1f}s wall) -> {target}")
+    rejected = summary.get("rejected_updates") or 0
+    if rejected:
+        typer.echo(f"warning: the server rejected {rejected:,} of {summary.get('uploads') or 0:,} client updates "
+                   "(the log says which and why); the result may not be the method's", err=True)
 
 
 def _interrupted_message(cfg: Any, target: Optional[Path]) -> str:
@@ -448,6 +452,10 @@ def sweep(
     done = sum(c.status == "done" for c in outcome.cells)
     typer.echo(f"sweep {spec.name}: {done}/{len(outcome.cells)} cells done ({len(outcome.skipped)} already "
                f"finished, {len(outcome.resumed)} resumed) in {outcome.wall_s:.1f}s wall -> {out}")
+    for cell in outcome.cells:
+        if (cell.result or {}).get("rejected_updates"):
+            typer.echo(f"  warning: {cell.name}: the server rejected {cell.result['rejected_updates']:,} client "
+                       f"updates (logs in {out / 'logs'})", err=True)
     if outcome.failed:
         for cell in outcome.failed:
             typer.echo(f"  failed {cell.name}: {cell.error}", err=True)

@@ -365,7 +365,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _headline(cell_dir: Path) -> dict[str, Any]:
     summary = _read_json(cell_dir / "summary.json") or {}
-    keys = ("final_accuracy", "acc_at_t_star", "t_star", "time", "steps", "wall_time_s")
+    keys = ("final_accuracy", "acc_at_t_star", "t_star", "time", "steps", "wall_time_s", "rejected_updates")
     return {k: summary.get(k) for k in keys if k in summary}
 
 

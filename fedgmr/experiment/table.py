@@ -24,13 +24,15 @@ from pydantic import ValidationError
 
 from fedgmr.errors import ConfigError, FedGMRError
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_t, finite_number, flatten_config,
-                                      metric_series, metric_value, mri, read_run_metrics,
+                                      metric_series, metric_value, mri, read_run_metrics, read_summary,
                                       run_clock, run_eval_interval, time_to_accuracy)
 
 #: the paper's six baselines: the default set an MRI row is computed over
 PAPER_BASELINES = ("fedavg", "fedasync", "heterofl", "fedrolex", "fjord", "fiarse")
 #: preferred column keys, in this order, when --cols is not given
 PREFERRED_COLS = ("name", "clients.heterogeneity", "data.partition")
+#: marks a cell some of whose runs rejected client updates (NaN, wrong shape, outside the mask)
+REJECTED_MARK = "†"
 #: short names users type for the usual keys
 ALIASES = {"preset": "name", "task": "name"}
 
@@ -53,6 +55,7 @@ class RunData:
     bytes_down: list[float]
     interval: float | None
     metric: str = "accuracy"  # what ``accs`` holds (metrics.ACCURACY_METRICS)
+    rejected: int = 0  # client updates the server rejected over the run
 
     @property
     def seed(self) -> Any:
@@ -151,6 +154,7 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
         raise FedGMRError(f"{path / 'config.yaml'} is not a fedgmr config")
     rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
     times, accs = metric_series(rows, metric, path / "metrics.jsonl")
+    rejected = _rejected(path, rows)
     if metric != "accuracy":  # bytes at the records that carry the metric
         rows = [r for r in rows if finite_number(metric_value(r, metric))]
     interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
@@ -160,7 +164,13 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
     # a Flower run's times are wall-clock seconds: never one cell with a simulation's
     flat["clock"] = run_clock(path)
     return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
-                   [float(r.get("bytes_down", math.nan)) for r in rows], interval, metric)
+                   [float(r.get("bytes_down", math.nan)) for r in rows], interval, metric, rejected)
+
+
+def _rejected(path: Path, rows: Sequence[dict[str, Any]]) -> int:
+    """The run's rejected client updates: the summary's total, else the last record's."""
+    value = read_summary(path).get("rejected_updates", rows[-1].get("rejected") if rows else None)
+    return int(value) if finite_number(value) else 0
 
 
 def _resolve_key(name: str, keys: Iterable[str]) -> str:
@@ -265,6 +275,7 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
         else:
             accs = [m.times[-1] for m in members]
         cell: dict[str, Any] = {"seeds": seeds, "acc": accs, "n": len(members),
+                                "rejected": [m.rejected for m in members],
                                 "mean": float(np.mean(accs)),
                                 "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else math.nan}
         if target is not None:
@@ -369,7 +380,8 @@ def _frame(table: Table, fmt: Format) -> Any:
                 "" if math.isnan(cell["std"]) else f" ± {scale * cell['std']:,.{digits}f}")
             if cell["n"] != modal:
                 text += f" (n={cell['n']})"
-            line.append(bold(text) if cell["mean"] == best[c] else text)
+            text = bold(text) if cell["mean"] == best[c] else text
+            line.append(text + (f" {REJECTED_MARK}" if sum(cell.get("rejected", ())) else ""))
         data.append(line)
     index = [esc(_label(r)) for r in table.rows]
     if table.mri_of is not None:
@@ -423,6 +435,12 @@ def caption(table: Table) -> str:
     text += f" Bold: {'lowest' if lowest else 'best'} mean in its column."
     if table.mri_of is not None:
         text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
+    marked = [(r, c, cell) for (r, c), cell in table.cells.items() if sum(cell.get("rejected", ()))]
+    if marked:
+        runs = sum(1 for *_, cell in marked for k in cell["rejected"] if k)
+        total = sum(sum(cell["rejected"]) for *_, cell in marked)
+        text += (f" {REJECTED_MARK}: the server rejected client updates in {runs} of the cell's runs "
+                 f"({total:,} updates in all; their logs say why): the figure may not be the method's.")
     return text
 
 
@@ -455,7 +473,8 @@ def _csv(table: Table) -> str:
         rec = {**dict(zip(table.row_keys, r)), **dict(zip(table.col_keys, c)), "t_star": table.t_star,
                "value": table.value, "n_seeds": cell["n"], "mean": cell["mean"], "std": cell["std"],
                "seeds": " ".join(str(s) for s in cell["seeds"]),
-               "per_seed": " ".join(f"{a:.6f}" for a in cell["acc"])}
+               "per_seed": " ".join(f"{a:.6f}" for a in cell["acc"]),
+               "rejected_updates": " ".join(str(k) for k in cell.get("rejected", ()))}
         if table.target is not None:
             rec.update(target=table.target, time_to_target_mean=float(np.nanmean(cell["tta"]))
                        if not all(math.isnan(t) for t in cell["tta"]) else math.nan,
@@ -464,5 +483,5 @@ def _csv(table: Table) -> str:
     return pd.DataFrame(records).to_csv(index=False)
 
 
-__all__ = ["Value", "PAPER_BASELINES", "RunData", "Table", "find_runs", "read_run", "build_table", "join_t_stars",
+__all__ = ["Value", "PAPER_BASELINES", "REJECTED_MARK", "RunData", "Table", "find_runs", "read_run", "build_table", "join_t_stars",
            "render", "caption"]
