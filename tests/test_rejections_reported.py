@@ -64,8 +64,12 @@ def test_rejected_updates_are_reported_by_run_and_marked_by_table(tmp_path: Path
     assert table.returncode == 0, table.stderr
     lines = {line.split("|")[1].strip(): line for line in table.stdout.splitlines() if line.startswith("| fedgmr")}
     assert lines["fedgmr"].count("†") == 1  # only the executor=nan_client0 column's cell is marked
-    assert (f"†: the server rejected client updates in 1 of the cell's runs ({summary['rejected_updates']} "
+    assert (f"†: the server rejected client updates in 1 run of the marked cell ({summary['rejected_updates']} "
             "updates in all") in table.stdout
+    latex = fedgmr("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", "--format", "latex",
+                   cwd=tmp_path)
+    body = latex.stdout.split("\n", 1)[1]  # after the caption's comment line
+    assert body.count(r"\textsuperscript{\dag}") == 1 and "†" not in body
     csv = fedgmr("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", "--format", "csv",
                  cwd=tmp_path)
     frame = pd.read_csv(io.StringIO(csv.stdout)).set_index("run.executor")

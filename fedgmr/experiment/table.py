@@ -362,6 +362,7 @@ def _frame(table: Table, fmt: Format) -> Any:
         return f"**{text}**" if fmt == "md" else rf"\textbf{{{text}}}"
 
     esc = _latex_escape if fmt == "latex" else (lambda s: s)
+    mark = r"\textsuperscript{\dag}" if fmt == "latex" else REJECTED_MARK
     modal = table.seeds_per_cell
     spec = TABLE_METRICS[table.metric]
     pick, scale, digits = ((min, 1.0, 0) if table.value == "time"
@@ -381,7 +382,7 @@ def _frame(table: Table, fmt: Format) -> Any:
             if cell["n"] != modal:
                 text += f" (n={cell['n']})"
             text = bold(text) if cell["mean"] == best[c] else text
-            line.append(text + (f" {REJECTED_MARK}" if sum(cell.get("rejected", ())) else ""))
+            line.append(text + (f" {mark}" if sum(cell.get("rejected", ())) else ""))
         data.append(line)
     index = [esc(_label(r)) for r in table.rows]
     if table.mri_of is not None:
@@ -439,8 +440,9 @@ def caption(table: Table) -> str:
     if marked:
         runs = sum(1 for *_, cell in marked for k in cell["rejected"] if k)
         total = sum(sum(cell["rejected"]) for *_, cell in marked)
-        text += (f" {REJECTED_MARK}: the server rejected client updates in {runs} of the cell's runs "
-                 f"({total:,} updates in all; their logs say why): the figure may not be the method's.")
+        text += (f" {REJECTED_MARK}: the server rejected client updates in {runs} run{'s' if runs != 1 else ''} "
+                 f"of the marked cell{'s' if len(marked) != 1 else ''} ({total:,} updates in all; the runs' logs "
+                 "say why): such a figure may not be the method's.")
     return text
 
 
