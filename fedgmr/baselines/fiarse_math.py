@@ -38,8 +38,7 @@ def multiplier(w: torch.Tensor, theta: torch.Tensor | float) -> torch.Tensor:
     theta = torch.as_tensor(theta, dtype=a.dtype, device=a.device)
     denom = (a + theta) ** 2
     defined = (denom > 0) & torch.isfinite(theta)
-    ratio = 2.0 * theta * a / torch.where(defined, denom, torch.ones_like(denom))
-    return 1.0 + torch.where(defined, ratio, torch.zeros_like(ratio))
+    return 1.0 + torch.where(defined, 2.0 * theta * a / denom, 0.0)
 
 
 def _stage_names(model: nn.Module) -> dict[str, str]:

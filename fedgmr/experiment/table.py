@@ -382,7 +382,7 @@ def _frame(table: Table, fmt: Format) -> Any:
             if cell["n"] != modal:
                 text += f" (n={cell['n']})"
             text = bold(text) if cell["mean"] == best[c] else text
-            line.append(text + (f" {mark}" if sum(cell.get("rejected", ())) else ""))
+            line.append(text + (f" {mark}" if sum(cell["rejected"]) else ""))
         data.append(line)
     index = [esc(_label(r)) for r in table.rows]
     if table.mri_of is not None:
@@ -436,7 +436,7 @@ def caption(table: Table) -> str:
     text += f" Bold: {'lowest' if lowest else 'best'} mean in its column."
     if table.mri_of is not None:
         text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
-    marked = [(r, c, cell) for (r, c), cell in table.cells.items() if sum(cell.get("rejected", ()))]
+    marked = [(r, c, cell) for (r, c), cell in table.cells.items() if sum(cell["rejected"])]
     if marked:
         runs = sum(1 for *_, cell in marked for k in cell["rejected"] if k)
         total = sum(sum(cell["rejected"]) for *_, cell in marked)
@@ -476,7 +476,7 @@ def _csv(table: Table) -> str:
                "value": table.value, "n_seeds": cell["n"], "mean": cell["mean"], "std": cell["std"],
                "seeds": " ".join(str(s) for s in cell["seeds"]),
                "per_seed": " ".join(f"{a:.6f}" for a in cell["acc"]),
-               "rejected_updates": " ".join(str(k) for k in cell.get("rejected", ()))}
+               "rejected_updates": " ".join(str(k) for k in cell["rejected"])}
         if table.target is not None:
             rec.update(target=table.target, time_to_target_mean=float(np.nanmean(cell["tta"]))
                        if not all(math.isnan(t) for t in cell["tta"]) else math.nan,
