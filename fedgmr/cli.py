@@ -530,6 +530,9 @@ def table(
     value: str = typer.Option("acc", "--value", help="what cells show: acc (Acc@t*), final (final accuracy) or "
                               "time (virtual time at the run's end, e.g. for a fixed number of rounds)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the table to this file"),
+    only: list[str] = typer.Option([], "--only", help="tabulate part of the runs: those with one of these values "
+                                   "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
+                                   "repeatable"),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy, "
                                "personal_worst10, personal_std (each client's own model on its own test split), "
                                "cluster_purity, coverage_min (Gamma*), coverage_none (the share of coordinates no "
@@ -539,7 +542,8 @@ def table(
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.metrics import MissingMetricError
-    from fedgmr.experiment.table import build_table, find_runs, join_t_stars, read_run, render
+    from fedgmr.experiment.sweep import parse_only
+    from fedgmr.experiment.table import build_table, find_runs, join_t_stars, read_run, render, select_runs
 
     try:
         try:
@@ -574,6 +578,10 @@ def table(
                                   f"data.client_test_fraction > 0; cluster_purity a clustered method)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
+        chosen = parse_only(only)
+        runs = select_runs(runs, chosen)
+        if not runs:
+            raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
         result = join_t_stars([build_table(runs, t, rows=[k.strip() for k in rows.split(",") if k.strip()],
                                            cols=None if cols is None else [k.strip() for k in cols.split(",")
                                                                            if k.strip()],

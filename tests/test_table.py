@@ -17,7 +17,7 @@ import yaml
 
 from conftest import scaled
 from fedgmr.errors import ConfigError
-from fedgmr.experiment.table import build_table, find_runs, read_run, render
+from fedgmr.experiment.table import build_table, find_runs, read_run, render, select_runs
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
@@ -322,3 +322,38 @@ def test_a_key_added_after_a_run_was_made_reads_as_its_default(tmp_path: Path):
     assert sorted(r.config["submodel.prune_output"] for r in runs) == [False, False, True, True]
     means = {row: t.cells[(row, col)]["mean"] for (row, col) in t.cells}
     assert means == {(False,): pytest.approx(0.80), (True,): pytest.approx(0.90)}
+
+
+def test_only_tabulates_the_runs_with_the_listed_values_and_names_what_is_there(grid: Path):
+    """``--only`` keeps the runs whose key takes one of the listed values: a short or dotted
+    key, a default for runs made before the key existed; a value or key that matches
+    nothing is a one-line error naming what there is."""
+    runs = [read_run(p) for p in find_runs([grid])]
+    assert len(select_runs(runs, {})) == 12
+    high = select_runs(runs, {"heterogeneity": ["high"]})
+    assert sorted((r.config["method"], r.seed) for r in high) == \
+        [("fedavg", 0), ("fedavg", 1), ("fedavg", 2), ("fedgmr", 0), ("fedgmr", 1), ("fedgmr", 2)]
+    some = select_runs(runs, {"clients.heterogeneity": ["low"], "seed": ["0", "2"], "method": ["fedgmr"]})
+    assert sorted(r.seed for r in some) == [0, 2] and {r.config["clients.heterogeneity"] for r in some} == {"low"}
+    # a key none of these runs wrote: each ran with its default (prune_output False)
+    assert len(select_runs(runs, {"prune_output": ["False"]})) == 12
+    with pytest.raises(ConfigError, match=r"no run has True \(values: False\)"):
+        select_runs(runs, {"prune_output": ["True"]})
+    with pytest.raises(ConfigError, match=r"--only heterogeneity: no run has hi \(values: high, low\)"):
+        select_runs(runs, {"heterogeneity": ["hi"]})
+    with pytest.raises(ConfigError, match="--only nokey: no config key 'nokey'"):
+        select_runs(runs, {"nokey": ["1"]})
+
+
+def test_cli_table_only_gives_the_table_of_the_chosen_runs(grid: Path):
+    proc = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(grid), "--t-star", "10",
+                           "--only", "heterogeneity=low", "--only", "method=fedgmr,fedavg", "--format", "csv"],
+                          capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert proc.returncode == 0, proc.stderr
+    frame = pd.read_csv(io.StringIO(proc.stdout))
+    assert sorted(frame["method"]) == ["fedavg", "fedgmr"]  # one cell each: the Low runs
+    means = frame.set_index("method")["mean"]
+    assert means["fedgmr"] == pytest.approx(0.87) and means["fedavg"] == pytest.approx(0.81)
+    bad = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(grid), "--t-star", "10",
+                          "--only", "heterogeneity"], capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert bad.returncode != 0 and "--only expects" in bad.stderr and bad.stderr.count("\n") == 1
