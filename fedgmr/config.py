@@ -403,6 +403,10 @@ class AggregationConfig(_Section):
         sent, parameters on its mask plus float buffers); larger updates are clipped to it.
     update_norm_multiple: adaptive bound: this multiple of the median norm of recent
         accepted updates (a Flower deployment defaults to 3 when neither bound is set).
+    coverage_floor: a rule of this library, not the paper's: MA's per-coordinate
+        denominator is floored at this share of the total weight, so a coordinate that
+        clients holding less of the weight cover shrinks toward zero as under FA (0: MA;
+        1: FA on covered coordinates). Needs ``rule: ma``.
     """
 
     rule: str = "ma"
@@ -415,6 +419,14 @@ class AggregationConfig(_Section):
     max_samples: int | None = Field(None, ge=1)
     max_update_norm: float | None = Field(None, gt=0)
     update_norm_multiple: float | None = Field(None, gt=0)
+    coverage_floor: float | None = Field(None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _floor_needs_ma(self) -> "AggregationConfig":
+        if self.coverage_floor is not None and self.rule != "ma":
+            raise ValueError(f"aggregation.coverage_floor floors mask-aware aggregation's denominator; it needs "
+                             f"aggregation.rule 'ma', got {self.rule!r}")
+        return self
 
 
 class RestorationConfig(_Section):

@@ -46,6 +46,9 @@ for _m in [
     Method("fedgmr_ma", "FedGMR with mask-aware aggregation (the default rule)", {"aggregation.rule": "ma"}),
     Method("fedgmr_ga", "FedGMR with gradient averaging", {"aggregation.rule": "ga"}),
     Method("fedgmr_fa", "FedGMR with zero-padded FedAvg", {"aggregation.rule": "fa"}),
+    Method("fedgmr_floor", "FedGMR with MA's denominator floored at half the buffer's weight: under-covered "
+           "coordinates shrink as under FA until restoration covers them (a rule of this library, not the "
+           "paper's)", {"aggregation.rule": "ma", "aggregation.coverage_floor": 0.5}),
     Method("fedavg", "Synchronous FedAvg on the full model, sample-weighted",
            {**_FULL_MODEL, "coordination.mode": "sync", "aggregation.rule": "ma", "aggregation.buffer": False,
             "aggregation.staleness.kind": "constant", "aggregation.weighting": "samples"}),

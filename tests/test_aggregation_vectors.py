@@ -20,6 +20,8 @@ from fedgmr.algorithm.aggregation import (
     delta_average,
     gradient_average,
     mask_aware_average,
+    floored_ma_rule,
+    floored_mask_aware_average,
     zero_padded_average,
 )
 from fedgmr.algorithm.masks import coverage
@@ -267,3 +269,43 @@ def test_average_buffers_empty_and_zero_weights_keep_previous():
     out0 = average_buffers([{"m": torch.tensor([9.0, 9.0]), "n": torch.tensor(4)}], [0.0], prev)
     assert torch.equal(out0["m"], prev["m"])
     assert not any(math.isnan(v) for v in out0["m"].tolist())
+
+
+def _floor_case():
+    """Client A (full mask, weight 1) returns [1, 2, 3, 4, 5]; client B (coordinates 0-1,
+    weight 3) returns [3, 6]; coordinate 4 is nobody's (A's mask leaves it out)."""
+    a = torch.tensor([True, True, True, True, False])
+    b = torch.tensor([True, True, False, False, False])
+    return torch.full((5,), 9.0), [(a, torch.tensor([1.0, 2.0, 3.0, 4.0])), (b, torch.tensor([3.0, 6.0]))], [1.0, 3.0]
+
+
+@pytest.mark.parametrize("floor,expected", [
+    (0.0, [2.5, 5.0, 3.0, 4.0, 9.0]),    # MA: (1 + 9) / 4, (2 + 18) / 4, 3 / 1, 4 / 1, uncovered kept
+    (0.5, [2.5, 5.0, 1.5, 2.0, 9.0]),    # coordinates 2-3 (weight 1 of 4 < 0.5): 3 / 2, 4 / 2
+    (1.0, [2.5, 5.0, 0.75, 1.0, 9.0]),   # FA on the covered coordinates: 3 / 4, 4 / 4
+])
+def test_floored_ma_vector(floor, expected):
+    prev, updates, weights = _floor_case()
+    out = floored_mask_aware_average(prev, updates, weights, floor)
+    assert torch.equal(out, torch.tensor(expected))
+    rule = floored_ma_rule(floor)
+    assert rule.consumes == "model" and torch.equal(rule(prev, updates, weights), out)
+
+
+def test_floored_ma_ends_at_ma_and_fa():
+    prev, updates, weights = _floor_case()
+    assert torch.equal(floored_mask_aware_average(prev, updates, weights, 0.0),
+                       mask_aware_average(prev, updates, weights))
+    fa = zero_padded_average(prev, updates, weights)
+    assert torch.equal(floored_mask_aware_average(prev, updates, weights, 1.0)[:4], fa[:4])
+    assert fa[4] == 0.0  # FA zeroes the uncovered coordinate; the floor keeps it, as MA does
+    full = torch.ones(5, dtype=torch.bool)  # every client on the full model: MA whatever the floor
+    dense = [(full, torch.arange(5.0)), (full, torch.arange(5.0) * 3)]
+    assert torch.equal(floored_mask_aware_average(prev, dense, [1.0, 2.0], 1.0),
+                       mask_aware_average(prev, dense, [1.0, 2.0]))
+
+
+@pytest.mark.parametrize("floor", [-0.1, 1.5])
+def test_floored_ma_refuses_a_floor_outside_0_1(floor):
+    with pytest.raises(ValueError, match="coverage floor must be in"):
+        floored_ma_rule(floor)

@@ -81,6 +81,34 @@ def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weight
     return torch.where(covered, num, previous.to(num.dtype)).to(previous.dtype)
 
 
+def floored_mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float],
+                               floor: float) -> torch.Tensor:
+    """MA with its denominator floored at ``floor`` x the total weight (a rule of this
+    library, ``aggregation.coverage_floor``): ``sum_i b_i w_i m_i / max(sum_i b_i m_i,
+    floor * sum_i b_i)`` on a covered coordinate; an uncovered one keeps its value.
+
+    A coordinate the clients holding at least ``floor`` of the weight cover is MA's
+    average; one held by fewer is shrunk toward zero in proportion, as FA shrinks it.
+    ``floor = 0`` is MA; ``floor = 1`` is FA on every covered coordinate. Once every
+    client holds the full model (GMR's end) it is MA whatever the floor.
+    """
+    if not 0.0 <= floor <= 1.0:
+        raise ValueError(f"coverage floor must be in [0, 1], got {floor}")
+    _check(previous, updates, weights)
+    num, den = _weighted_sum(previous.shape, updates, weights, coverage=True, device=previous.device)
+    assert den is not None
+    covered = den > 0
+    num.div_(den.clamp_min_(max(floor * float(sum(weights)), 1e-30)))
+    return torch.where(covered, num, previous.to(num.dtype)).to(previous.dtype)
+
+
+def floored_ma_rule(floor: float) -> "AggregationRule":
+    """MA with a coverage floor (:func:`floored_mask_aware_average`) as a rule."""
+    if not 0.0 <= floor <= 1.0:
+        raise ValueError(f"coverage floor must be in [0, 1], got {floor}")
+    return AggregationRule("ma_floor", "model", lambda prev, ups, ws: floored_mask_aware_average(prev, ups, ws, floor))
+
+
 def gradient_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
     """GA on buffered models: ``W + sum_i b_i ((w_i - W) * m_i) / sum_i b_i``.
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedgmr.algorithm.aggregation import RULES
+from fedgmr.algorithm.aggregation import RULES, floored_ma_rule
 from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.algorithm.masks import compute_costs, explicit_costs, flops_per_weight, layer_costs
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
@@ -282,7 +282,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         if baseline is not None:
             ladder = baseline.ladder(ladder)
     agg = cfg.aggregation
-    rule = RULES.get(agg.rule)
+    rule = RULES.get(agg.rule) if agg.coverage_floor is None else floored_ma_rule(agg.coverage_floor)
     if baseline is not None and baseline.rule is not None:
         rule = baseline.rule
     if baseline is not None and baseline.trainer is not None \
