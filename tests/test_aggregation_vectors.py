@@ -21,7 +21,6 @@ from fedgmr.algorithm.aggregation import (
     gradient_average,
     mask_aware_average,
     floored_ma_rule,
-    floored_mask_aware_average,
     zero_padded_average,
 )
 from fedgmr.algorithm.masks import coverage
@@ -286,7 +285,7 @@ def _floor_case():
 ])
 def test_floored_ma_vector(floor, expected):
     prev, updates, weights = _floor_case()
-    out = floored_mask_aware_average(prev, updates, weights, floor)
+    out = mask_aware_average(prev, updates, weights, floor=floor)
     assert torch.equal(out, torch.tensor(expected))
     rule = floored_ma_rule(floor)
     assert rule.consumes == "model" and torch.equal(rule(prev, updates, weights), out)
@@ -294,14 +293,14 @@ def test_floored_ma_vector(floor, expected):
 
 def test_floored_ma_ends_at_ma_and_fa():
     prev, updates, weights = _floor_case()
-    assert torch.equal(floored_mask_aware_average(prev, updates, weights, 0.0),
+    assert torch.equal(mask_aware_average(prev, updates, weights, floor=0.0),
                        mask_aware_average(prev, updates, weights))
     fa = zero_padded_average(prev, updates, weights)
-    assert torch.equal(floored_mask_aware_average(prev, updates, weights, 1.0)[:4], fa[:4])
+    assert torch.equal(mask_aware_average(prev, updates, weights, floor=1.0)[:4], fa[:4])
     assert fa[4] == 0.0  # FA zeroes the uncovered coordinate; the floor keeps it, as MA does
     full = torch.ones(5, dtype=torch.bool)  # every client on the full model: MA whatever the floor
     dense = [(full, torch.arange(5.0)), (full, torch.arange(5.0) * 3)]
-    assert torch.equal(floored_mask_aware_average(prev, dense, [1.0, 2.0], 1.0),
+    assert torch.equal(mask_aware_average(prev, dense, [1.0, 2.0], floor=1.0),
                        mask_aware_average(prev, dense, [1.0, 2.0]))
 
 

@@ -9,6 +9,8 @@ can be used again at a later step; ``ga_delta`` consumes its change
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
@@ -70,43 +72,32 @@ def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequenc
     return acc, den
 
 
-def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
+def mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float],
+                       floor: float = 0.0) -> torch.Tensor:
     """MA ("MaskFedAvg"): each coordinate is the weighted average over the clients that
-    cover it; a coordinate nobody covers keeps its previous value."""
-    _check(previous, updates, weights)
-    num, den = _weighted_sum(previous.shape, updates, weights, coverage=True, device=previous.device)
-    assert den is not None
-    covered = den > 0
-    num.div_(den.clamp_min_(1e-30))  # in place: both are this call's own buffers
-    return torch.where(covered, num, previous.to(num.dtype)).to(previous.dtype)
+    cover it; a coordinate nobody covers keeps its previous value.
 
-
-def floored_mask_aware_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float],
-                               floor: float) -> torch.Tensor:
-    """MA with its denominator floored at ``floor`` x the total weight (a rule of this
-    library, ``aggregation.coverage_floor``): ``sum_i b_i w_i m_i / max(sum_i b_i m_i,
-    floor * sum_i b_i)`` on a covered coordinate; an uncovered one keeps its value.
-
-    A coordinate the clients holding at least ``floor`` of the weight cover is MA's
-    average; one held by fewer is shrunk toward zero in proportion, as FA shrinks it.
-    ``floor = 0`` is MA; ``floor = 1`` is FA on every covered coordinate. Once every
-    client holds the full model (GMR's end) it is MA whatever the floor.
+    ``floor`` > 0 (``aggregation.coverage_floor``, a rule of this library, not the
+    paper's) floors the denominator at ``floor`` x the total weight:
+    ``sum_i b_i w_i m_i / max(sum_i b_i m_i, floor * sum_i b_i)``, so a coordinate that
+    clients holding less than ``floor`` of the weight cover shrinks toward zero in
+    proportion, as FA shrinks it. ``floor = 1`` is FA on every covered coordinate; once
+    every client holds the full model it is MA whatever the floor.
     """
-    if not 0.0 <= floor <= 1.0:
-        raise ValueError(f"coverage floor must be in [0, 1], got {floor}")
     _check(previous, updates, weights)
     num, den = _weighted_sum(previous.shape, updates, weights, coverage=True, device=previous.device)
     assert den is not None
     covered = den > 0
-    num.div_(den.clamp_min_(max(floor * float(sum(weights)), 1e-30)))
+    least = max(floor * float(sum(weights)), 1e-30) if floor else 1e-30
+    num.div_(den.clamp_min_(least))  # in place: both are this call's own buffers
     return torch.where(covered, num, previous.to(num.dtype)).to(previous.dtype)
 
 
 def floored_ma_rule(floor: float) -> "AggregationRule":
-    """MA with a coverage floor (:func:`floored_mask_aware_average`) as a rule."""
+    """MA with a coverage floor (:func:`mask_aware_average`'s ``floor``) as a rule."""
     if not 0.0 <= floor <= 1.0:
         raise ValueError(f"coverage floor must be in [0, 1], got {floor}")
-    return AggregationRule("ma_floor", "model", lambda prev, ups, ws: floored_mask_aware_average(prev, ups, ws, floor))
+    return AggregationRule("ma_floor", "model", functools.partial(mask_aware_average, floor=floor))
 
 
 def gradient_average(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
