@@ -49,6 +49,9 @@ for _m in [
     Method("fedgmr_floor", "FedGMR with MA's denominator floored at half the buffer's weight: under-covered "
            "coordinates shrink as under FA until restoration covers them (a rule of this library, not the "
            "paper's)", {"aggregation.rule": "ma", "aggregation.coverage_floor": 0.5}),
+    Method("fedgmr_floor_deadline", "fedgmr_floor restoring on a plateau or at each rung's deadline (both rules "
+           "of this library, not the paper's)",
+           {"aggregation.rule": "ma", "aggregation.coverage_floor": 0.5, "restoration.trigger": "deadline"}),
     Method("fedavg", "Synchronous FedAvg on the full model, sample-weighted",
            {**_FULL_MODEL, "coordination.mode": "sync", "aggregation.rule": "ma", "aggregation.buffer": False,
             "aggregation.staleness.kind": "constant", "aggregation.weighting": "samples"}),

@@ -44,3 +44,15 @@ def test_the_floor_needs_mask_aware_aggregation_and_a_share_in_0_1():
         resolve_config(tiny_config(method="fedgmr_ga", aggregation={"coverage_floor": 0.5}))
     with pytest.raises(ConfigError, match="coverage_floor"):
         resolve_config(tiny_config(aggregation={"coverage_floor": 1.5}))
+
+
+def test_a_width_baseline_takes_the_floor_and_fiarses_own_rule_refuses_it():
+    """The floor reaches every policy that aggregates with MA (HeteroFL's widths included);
+    FIARSE's server rule is not MA, so asking for both is refused, never silently overridden."""
+    from fedgmr.experiment.build import build_experiment
+
+    cfg = resolve_config(tiny_config(method="heterofl", aggregation={"coverage_floor": 0.5}))
+    rule = build_experiment(cfg).strategy.rule
+    assert rule.name == "ma_floor" and rule.fn.keywords == {"floor": 0.5}
+    with pytest.raises(ConfigError, match="needs aggregation.rule 'ma', got 'fiarse'"):
+        resolve_config(tiny_config(method="fiarse", aggregation={"coverage_floor": 0.5}))

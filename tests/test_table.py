@@ -357,3 +357,24 @@ def test_cli_table_only_gives_the_table_of_the_chosen_runs(grid: Path):
     bad = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(grid), "--t-star", "10",
                           "--only", "heterogeneity"], capture_output=True, text=True, env=ENV, timeout=scaled(300))
     assert bad.returncode != 0 and "--only expects" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_the_mri_row_stays_when_a_second_row_key_splits_no_method(grid: Path):
+    """``--rows method,KEY`` where KEY is one value per method: the MRI is the one-key table's."""
+    t = _table(grid, rows=("method", "coordination.mode"), cols=("heterogeneity",))
+    assert sorted(t.rows) == [("fedavg", "sync"), ("fedgmr", "semi_async")]
+    assert t.mri_of == "fedgmr" and t.mri_over == ["fedavg"]
+    assert t.mri[("high",)] == pytest.approx(100 * 0.11 / 0.71)
+    assert t.mri[("low",)] == pytest.approx(100 * 0.06 / 0.81)
+    assert "MRI of fedgmr (%)" in render(t, "md")
+
+
+def test_a_method_split_over_several_rows_gets_no_mri_row_and_the_caption_says_why(grid: Path):
+    t = _table(grid, rows=("method", "heterogeneity"), cols=())
+    assert t.mri_of is None and not t.mri
+    text = render(t, "md")
+    assert "MRI of" not in text
+    assert ("No MRI row: fedgmr, fedavg have several rows (by clients.heterogeneity); keep one with --only "
+            "to get it.") in text
+    one = render(_table(grid, rows=("method", "heterogeneity"), cols=(), mri_of=None), "md")
+    assert "No MRI row" not in one  # none was asked for

@@ -243,6 +243,8 @@ class Table:
     metric: str = "accuracy"
     #: the per-t* tables a several-t* table was joined from (:func:`join_t_stars`)
     parts: list["Table"] | None = None
+    #: why a requested MRI row is missing, for the caption (None when there is one or none was asked)
+    mri_note: str | None = None
 
     @property
     def seeds_per_cell(self) -> int:
@@ -331,17 +333,30 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
         row_vals.sort(key=lambda v: order.get(v[0], len(order)))
     mri_row: dict[tuple, float] = {}
     over: list[str] = []
-    if value != "time" and TABLE_METRICS[metrics[0]].accuracy and mri_of is not None and row_keys == ["method"] \
-            and (mri_of,) in row_vals:
-        over = [b for b in baselines if (b,) in row_vals and b != mri_of]
-        for c in col_vals:
-            mine = cells.get(((mri_of,), c))
-            base = [cells[((b,), c)]["mean"] for b in over if ((b,), c) in cells]
-            ok = mine is not None and base and len(base) == len(over) \
-                and not any(math.isnan(x) or x <= 0 for x in base) and not math.isnan(mine["mean"])
-            mri_row[c] = mri(mine["mean"], base) if ok else math.nan  # type: ignore[index]
+    mri_note: str | None = None
+    if value != "time" and TABLE_METRICS[metrics[0]].accuracy and mri_of is not None and "method" in row_keys:
+        at = row_keys.index("method")
+        rows_of: dict[Any, list[tuple]] = {}
+        for r in row_vals:
+            rows_of.setdefault(r[at], []).append(r)
+        if mri_of in rows_of:
+            wanted = [mri_of, *(b for b in baselines if b in rows_of and b != mri_of)]
+            several = [m for m in wanted if len(rows_of[m]) > 1]
+            if several:  # which of its rows would be "the" method is not for the table to guess
+                others = " / ".join(k for k in row_keys if k != "method")
+                mri_note = (f"No MRI row: {', '.join(several)} {'has' if len(several) == 1 else 'have'} several rows "
+                            f"(by {others}); keep one with --only to get it.")
+            else:
+                over = wanted[1:]
+                row = {m: rows_of[m][0] for m in wanted}
+                for c in col_vals:
+                    mine = cells.get((row[mri_of], c))
+                    base = [cells[(row[b], c)]["mean"] for b in over if (row[b], c) in cells]
+                    ok = mine is not None and base and len(base) == len(over) \
+                        and not any(math.isnan(x) or x <= 0 for x in base) and not math.isnan(mine["mean"])
+                    mri_row[c] = mri(mine["mean"], base) if ok else math.nan  # type: ignore[index]
     return Table(t_star, row_keys, col_keys, row_vals, col_vals, cells, mri_of if over else None, over, mri_row,
-                 target, value, metrics[0])
+                 target, value, metrics[0], mri_note=mri_note)
 
 
 def t_star_label(t: float) -> str:
@@ -366,7 +381,7 @@ def join_t_stars(tables: Sequence[Table]) -> Table:
         for c, v in t.mri.items():
             mri_row[(*c, tag)] = v
     return Table(first.t_star, first.row_keys, [*first.col_keys, "t*"], first.rows, cols, cells, first.mri_of,
-                 first.mri_over, mri_row, None, first.value, first.metric, parts=list(tables))
+                 first.mri_over, mri_row, None, first.value, first.metric, parts=list(tables), mri_note=first.mri_note)
 
 
 # ---------------------------------------------------------------------- rendering
@@ -463,6 +478,8 @@ def caption(table: Table) -> str:
     text += f" Bold: {'lowest' if lowest else 'best'} mean in its column."
     if table.mri_of is not None:
         text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
+    elif table.mri_note:
+        text += f" {table.mri_note}"
     marked = [(r, c, cell) for (r, c), cell in table.cells.items() if sum(cell["rejected"])]
     if marked:
         runs = sum(1 for *_, cell in marked for k in cell["rejected"] if k)
