@@ -32,6 +32,8 @@ class Method:
 METHODS: Registry[Method] = Registry("method")
 
 _FULL_MODEL = {"submodel.policy": "full", "restoration.trigger": "none", "network.ims": False}
+# MA with its denominator floored at half the buffer's weight (fedgmr_floor, fedgmr_floor_deadline)
+_FLOOR = {"aggregation.rule": "ma", "aggregation.coverage_floor": 0.5}
 
 for _m in [
     Method("fedgmr", "FedGMR: masked sub-models, GMR, semi-async buffered MA aggregation, IMS"),
@@ -48,10 +50,10 @@ for _m in [
     Method("fedgmr_fa", "FedGMR with zero-padded FedAvg", {"aggregation.rule": "fa"}),
     Method("fedgmr_floor", "FedGMR with MA's denominator floored at half the buffer's weight: under-covered "
            "coordinates shrink as under FA until restoration covers them (a rule of this library, not the "
-           "paper's)", {"aggregation.rule": "ma", "aggregation.coverage_floor": 0.5}),
+           "paper's)", dict(_FLOOR)),
     Method("fedgmr_floor_deadline", "fedgmr_floor restoring on a plateau or at each rung's deadline (both rules "
            "of this library, not the paper's)",
-           {"aggregation.rule": "ma", "aggregation.coverage_floor": 0.5, "restoration.trigger": "deadline"}),
+           {**_FLOOR, "restoration.trigger": "deadline"}),
     Method("fedavg", "Synchronous FedAvg on the full model, sample-weighted",
            {**_FULL_MODEL, "coordination.mode": "sync", "aggregation.rule": "ma", "aggregation.buffer": False,
             "aggregation.staleness.kind": "constant", "aggregation.weighting": "samples"}),

@@ -10,7 +10,6 @@ can be used again at a later step; ``ga_delta`` consumes its change
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
