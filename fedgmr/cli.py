@@ -533,12 +533,13 @@ def table(
     only: list[str] = typer.Option([], "--only", help="tabulate part of the runs: those with one of these values "
                                    "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
                                    "repeatable"),
-    metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy, "
-                               "personal_worst10, personal_std (each client's own model on its own test split), "
-                               "cluster_purity, coverage_min (Gamma*), coverage_none (the share of coordinates no "
-                               "aggregated update covers), window_coverage_min, window_coverage_none, "
-                               "coverage_never or pruned_energy_mean (EPM's pruning noise): the windowed mean of "
-                               "that series"),
+    metric: str = typer.Option("accuracy", "--metric", help="the series each cell shows, its mean over the "
+                               "Acc@t* window or, for a counter, its reading at t*: accuracy (the global model), "
+                               "personal_accuracy, personal_worst10, personal_std (each client's own model on its "
+                               "own test split), cluster_purity, coverage_min (Gamma*), coverage_none, "
+                               "window_coverage_min, window_coverage_none, coverage_never, pruned_energy_mean "
+                               "(EPM's pruning noise), loss, avg_density, min_coverage, staleness_mean, or the "
+                               "counters steps, uploads, downloads, restorations, mb_up, mb_down"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.metrics import MissingMetricError

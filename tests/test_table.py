@@ -378,3 +378,76 @@ def test_a_method_split_over_several_rows_gets_no_mri_row_and_the_caption_says_w
             "to get it.") in text
     one = render(_table(grid, rows=("method", "heterogeneity"), cols=(), mri_of=None), "md")
     assert "No MRI row" not in one  # none was asked for
+
+
+def _mechanism_runs(root: Path) -> None:
+    """Two methods x two seeds with hand-set mechanism series (grid Δ = 1 s, t = 0..30):
+    fedgmr: step = 2t + seed, uploads = 5t, density 0.25 up to t = 9 and 0.5 from t = 10;
+    fedavg: step = t, uploads = 10t, density 1. Seed 1 of fedavg ends at t = 9."""
+    for seed in (0, 1):
+        for method in ("fedgmr", "fedavg"):
+            d = _run(root, method, seed, "high", 0.5)
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for r in rows:
+                t = int(r["time"])
+                if method == "fedgmr":
+                    r.update(step=2 * t + seed, uploads=5 * t, avg_density=0.25 if t < 10 else 0.5)
+                else:
+                    r.update(step=t, uploads=10 * t, avg_density=1.0)
+            if method == "fedavg" and seed == 1:
+                rows = rows[:10]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_counter_is_read_at_t_star_and_a_mechanism_figure_is_not_ranked(tmp_path: Path):
+    """steps, uploads and megabytes are each seed's last record at or before t*; a run that
+    ends before t* has no value; avg_density is the mean over the Acc@t* window; none of
+    them is bold, none has an MRI row."""
+    _mechanism_runs(tmp_path)
+    runs = find_runs([tmp_path])
+
+    def cell(metric: str, method: str, t_star: float = 12.5) -> dict:
+        table = build_table([read_run(p, metric) for p in runs], t_star=t_star)
+        assert table.mri_of is None
+        return table.cells[((method,), ())]
+
+    # t* = 12.5: the last records at or before it are t = 12 (seed 0: step 24, seed 1: 25)
+    steps = cell("steps", "fedgmr")
+    assert steps["acc"] == [24.0, 25.0] and steps["mean"] == 24.5
+    assert cell("uploads", "fedgmr")["acc"] == [60.0, 60.0]
+    assert cell("mb_up", "fedgmr")["acc"] == [12.0, 12.0]     # bytes_up = 1e6 t
+    assert cell("mb_down", "fedgmr")["acc"] == [24.0, 24.0]   # bytes_down = 2e6 t
+    fedavg = cell("steps", "fedavg")
+    assert fedavg["acc"][0] == 12.0 and math.isnan(fedavg["acc"][1])  # seed 1 ended at t = 9
+    # the window of t* = 12.5 is [2.5, 22.5): t = 3..22, 7 records at 0.25 and 13 at 0.5
+    density = cell("avg_density", "fedgmr")
+    assert density["acc"] == [pytest.approx((7 * 0.25 + 13 * 0.5) / 20)] * 2
+    text = render(build_table([read_run(p, "steps") for p in runs if "fedgmr" in p.name], t_star=12.5), "md")
+    assert "steps at t* = 12 s" in text or "steps at t* = 13 s" in text  # the title rounds t*
+    assert "Each seed's value: its last record at or before t*." in text
+    assert "Nothing bold" in text and "**" not in text and "(%)" not in text
+    assert "| fedgmr   | 24.5 ± 0.7 |" in text  # a count: one decimal (a mean over seeds), not x100
+    dens = render(build_table([read_run(p, "avg_density") for p in runs], t_star=12.5), "md")
+    assert "the mean of its records in the Acc@t* window" in dens and "**" not in dens
+    assert "| fedgmr   | 0.41 ± 0.00 |" in dens and "| fedavg   | 1.00 (n=1) |" not in dens
+    with pytest.raises(ConfigError, match="not an accuracy"):
+        build_table([read_run(p, "steps") for p in runs], t_star=12.5, target=0.5)
+
+
+def test_cli_table_metric_steps_as_csv_and_every_metric_in_the_help(tmp_path: Path):
+    from fedgmr.experiment.metrics import TABLE_METRICS
+
+    _mechanism_runs(tmp_path)
+    got = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "20",
+                          "--metric", "uploads", "--format", "csv", "--only", "method=fedgmr"],
+                         capture_output=True, text=True, env=ENV)
+    assert got.returncode == 0, got.stderr
+    frame = pd.read_csv(io.StringIO(got.stdout))
+    assert frame["mean"].tolist() == [100.0] and frame["per_seed"].tolist() == ["100.000000 100.000000"]
+    bad = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "20",
+                          "--metric", "stepz"], capture_output=True, text=True, env=ENV)
+    assert bad.returncode != 0 and "must be one of" in bad.stderr and "steps" in bad.stderr
+    helped = subprocess.run([sys.executable, "-m", "fedgmr", "table", "--help"], capture_output=True, text=True,
+                            env={**ENV, "COLUMNS": "2000", "TERM": "dumb"})
+    text = " ".join(helped.stdout.split())
+    assert [m for m in TABLE_METRICS if m not in text] == []

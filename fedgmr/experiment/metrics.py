@@ -37,21 +37,33 @@ SUMMARY_KEYS = ("name", "method", "seed", "status", "runtime", "clock", "final_a
 
 @dataclass(frozen=True)
 class TableMetric:
-    """A logged series ``compare`` and ``table`` can average over the Acc@t* window:
-    ``percent`` (shown x100 as %, else as is), ``higher_is_better`` (which mean is bold),
-    ``accuracy`` (an accuracy: MRI and time-to-accuracy apply)."""
+    """A logged series ``compare`` and ``table`` can tabulate at t*: ``percent`` (shown
+    x100 as %, else as is, with ``digits`` decimals), ``higher_is_better`` (which mean is
+    bold), ``ranked`` (False: a description of the runs, not a score, so nothing is bold),
+    ``accuracy`` (an accuracy: MRI and time-to-accuracy apply), ``at_t_star`` (a counter:
+    each run's value is its last record at or before t*, not the mean over the window)."""
 
     name: str
     description: str
     percent: bool = True
     higher_is_better: bool = True
     accuracy: bool = True
+    ranked: bool = True
+    at_t_star: bool = False
+    digits: int = 2
 
 
-#: the series ``compare`` and ``table`` can compute a windowed mean of, one per table: the
-#: global model's test ``accuracy``; the personalised metrics (``run.personal_eval_every``):
-#: the mean, the spread and the worst 10 % of each client's own model on its own test split;
-#: a clustered method's ``cluster_purity``; EPM's minimum coverage index ``coverage_min``
+def _mechanism(name: str, description: str, *, counter: bool = False, digits: int = 2) -> TableMetric:
+    """A figure that describes how a method ran (density, steps, bytes), not how well."""
+    return TableMetric(name, description, percent=False, accuracy=False, ranked=False, at_t_star=counter,
+                       digits=1 if counter else digits)
+
+
+#: the series ``compare`` and ``table`` can tabulate, one per table: the global model's
+#: test ``accuracy``; the personalised metrics (``run.personal_eval_every``): the mean, the
+#: spread and the worst 10 % of each client's own model on its own test split; a clustered
+#: method's ``cluster_purity``; the coverage figures; and the run's mechanism (density,
+#: staleness, server steps, uploads, megabytes, restorations), which every run logs
 TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
     TableMetric("accuracy", "the global model's test accuracy"),
     TableMetric("personal_accuracy", "mean over clients of each client's own model on its own test split"),
@@ -73,6 +85,17 @@ TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
     TableMetric("pruned_energy_mean", "mean over the clients of ||theta - theta * m||^2 at their levels: the "
                 "weight the sub-models leave out (EPM's pruning noise; lower is better)", percent=False,
                 higher_is_better=False, accuracy=False),
+    TableMetric("loss", "the global model's test loss (lower is better)", percent=False, higher_is_better=False,
+                accuracy=False, digits=4),
+    _mechanism("avg_density", "mean over the clients of their sub-model's density (1 = the full model)"),
+    _mechanism("min_coverage", "fewest buffered updates covering a coordinate of the latest aggregation (Gamma*)"),
+    _mechanism("staleness_mean", "mean staleness, in server steps, of the updates the latest aggregation used"),
+    _mechanism("steps", "server steps (aggregations) by t*", counter=True),
+    _mechanism("uploads", "client updates received by t*", counter=True),
+    _mechanism("downloads", "models sent to clients by t*", counter=True),
+    _mechanism("restorations", "restorations (GMR level changes) by t*", counter=True),
+    _mechanism("mb_up", "megabytes uploaded by t* (bytes_up / 1e6)", counter=True),
+    _mechanism("mb_down", "megabytes downloaded by t* (bytes_down / 1e6)", counter=True),
 )}
 ACCURACY_METRICS = tuple(TABLE_METRICS)
 
@@ -84,8 +107,17 @@ def _coverage_none(row: dict[str, Any]) -> Any:
     return float(hist[0]) / float(sum(hist))
 
 
-#: table metrics computed from other record keys (the rest are read as logged)
-DERIVED_METRICS: dict[str, Any] = {"coverage_none": _coverage_none}
+def _megabytes(key: str) -> Any:
+    def derive(row: dict[str, Any]) -> Any:
+        value = row.get(key)
+        return value / 1e6 if finite_number(value) else None
+    return derive
+
+
+#: table metrics computed from other record keys (the rest are read as logged; a record's
+#: ``step`` is the ``steps`` series)
+DERIVED_METRICS: dict[str, Any] = {"coverage_none": _coverage_none, "mb_up": _megabytes("bytes_up"),
+                                   "mb_down": _megabytes("bytes_down"), "steps": lambda row: row.get("step")}
 
 
 def metric_value(row: dict[str, Any], metric: str) -> Any:
@@ -150,6 +182,24 @@ def mri(acc_method: float, acc_baselines: Sequence[float]) -> float:
     if not acc_baselines or any(b == 0 for b in acc_baselines):
         return math.nan
     return 100.0 / len(acc_baselines) * sum((acc_method - b) / b for b in acc_baselines)
+
+
+def value_at_t(times: Sequence[float], values: Sequence[float], t_star: float) -> float:
+    """A counter's reading at ``t_star``: the last value logged at or before it. NaN when
+    the run ends before ``t_star`` or logs nothing up to it."""
+    if not times or times[-1] < t_star:
+        return math.nan
+    idx = next((i for i in range(len(times) - 1, -1, -1) if times[i] <= t_star), None)
+    return math.nan if idx is None else float(values[idx])
+
+
+def metric_at_t(metric: str, times: Sequence[float], values: Sequence[float], t_star: float,
+                interval: float | None = None, span: float | None = None) -> float:
+    """One run's value of a table metric at ``t_star``: a counter's reading
+    (:func:`value_at_t`), any other series' mean over the Acc@t* window (:func:`acc_at_t`)."""
+    if TABLE_METRICS[metric].at_t_star:
+        return value_at_t(times, values, t_star)
+    return acc_at_t(times, values, t_star, interval=interval, span=span)[0]
 
 
 def time_to_accuracy(times: Sequence[float], accs: Sequence[float], target: float) -> float:

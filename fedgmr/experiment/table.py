@@ -23,7 +23,8 @@ import yaml
 from pydantic import ValidationError
 
 from fedgmr.errors import ConfigError, FedGMRError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_t, finite_number, flatten_config,
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, finite_number, flatten_config,
+                                      metric_at_t,
                                       metric_series, metric_value, mri, read_run_metrics, read_summary,
                                       run_clock, run_eval_interval, time_to_accuracy)
 
@@ -298,7 +299,8 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
             paths = [str(m.path) for m in members if m.seed == dup]
             raise ConfigError(f"two runs of one cell share seed {dup}: {', '.join(paths)}")
         if value == "acc":
-            accs = [acc_at_t(m.times, m.accs, t_star, interval=m.interval, span=span)[0] for m in members]
+            accs = [metric_at_t(metrics[0], m.times, m.accs, t_star, interval=m.interval, span=span)
+                    for m in members]
         elif value == "final":
             accs = [m.accs[-1] for m in members]
         else:
@@ -408,9 +410,10 @@ def _frame(table: Table, fmt: Format) -> Any:
     modal = table.seeds_per_cell
     spec = TABLE_METRICS[table.metric]
     pick, scale, digits = ((min, 1.0, 0) if table.value == "time"
-                           else (max if spec.higher_is_better else min, 100.0 if spec.percent else 1.0, 2))
+                           else (max if spec.higher_is_better else min, 100.0 if spec.percent else 1.0, spec.digits))
     best = {c: pick((table.cells[(r, c)]["mean"] for r in table.rows if (r, c) in table.cells
-                     and not math.isnan(table.cells[(r, c)]["mean"])), default=math.nan) for c in table.cols}
+                     and not math.isnan(table.cells[(r, c)]["mean"])), default=math.nan)
+            if spec.ranked or table.value == "time" else math.nan for c in table.cols}
     data = []
     for r in table.rows:
         line = []
@@ -474,8 +477,16 @@ def caption(table: Table) -> str:
             f"{n} seed{'s' if n != 1 else ''} per cell")
     text += " (no ± with one seed)." if n == 1 else "."
     text += f" Rows: {' / '.join(table.row_keys)}; columns: {' / '.join(table.col_keys) or 'all runs'}."
-    lowest = table.value == "time" or not TABLE_METRICS[table.metric].higher_is_better
-    text += f" Bold: {'lowest' if lowest else 'best'} mean in its column."
+    spec = TABLE_METRICS[table.metric]
+    if table.value == "acc" and spec.at_t_star:
+        text += " Each seed's value: its last record at or before t*."
+    elif table.value == "acc" and not spec.accuracy and not spec.ranked:
+        text += " Each seed's value: the mean of its records in the Acc@t* window."
+    lowest = table.value == "time" or not spec.higher_is_better
+    if spec.ranked or table.value == "time":
+        text += f" Bold: {'lowest' if lowest else 'best'} mean in its column."
+    else:
+        text += " Nothing bold: it describes the runs, it does not rank them."
     if table.mri_of is not None:
         text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
     elif table.mri_note:
