@@ -270,8 +270,9 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
                          settings.pad_index)
         loss.backward()
         g = _flat_grad(model, space) * m
-        kept = scored & m
-        g[kept] = g[kept] * fiarse_math.multiplier(w[kept], theta[kept])
+        kept = (scored & m).nonzero().squeeze(1)  # one scan; boolean indexing scanned four times
+        g.index_copy_(0, kept, g.index_select(0, kept) * fiarse_math.multiplier(w.index_select(0, kept),
+                                                                                theta.index_select(0, kept)))
         g = clip_flat(g, settings.clip_grad_norm)
         if settings.weight_decay:
             g = g + settings.weight_decay * w * m
