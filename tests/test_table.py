@@ -451,3 +451,19 @@ def test_cli_table_metric_steps_as_csv_and_every_metric_in_the_help(tmp_path: Pa
                             env={**ENV, "COLUMNS": "2000", "TERM": "dumb"})
     text = " ".join(helped.stdout.split())
     assert [m for m in TABLE_METRICS if m not in text] == []
+
+
+def test_test_loss_is_windowed_and_the_lowest_is_bold(tmp_path: Path):
+    for seed in (0, 1):
+        for method, loss in (("fedgmr", 0.40), ("fedavg", 0.90)):
+            d = _run(tmp_path, method, seed, "high", 0.5)
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            # the window of t* = 10 is [0, 20): the records from t = 20 on must not count
+            for r in rows:
+                r["loss"] = loss + 0.02 * seed if r["time"] < 20 else 9.0
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = build_table([read_run(p, "loss") for p in find_runs([tmp_path])], t_star=10.0)
+    assert table.cells[(("fedgmr",), ())]["acc"] == [pytest.approx(0.40), pytest.approx(0.42)]
+    text = render(table, "md")
+    assert "loss at t* = 10 s" in text and "Bold: lowest mean" in text and "MRI" not in text
+    assert "| fedgmr   | **0.4100 ± 0.0141** |" in text and "| fedavg   | 0.9100 ± 0.0141     |" in text
