@@ -511,6 +511,16 @@ class _SweepDisplay:
         typer.echo(line, err=True)
 
 
+def _table_metric_help() -> str:
+    from fedgmr.experiment.metrics import TABLE_METRICS
+
+    windowed = [m.name for m in TABLE_METRICS.values() if not m.at_t_star]
+    counters = [m.name for m in TABLE_METRICS.values() if m.at_t_star]
+    return (f"the series each cell shows: accuracy (the global model, the default), or {', '.join(windowed[1:])}, "
+            f"each seed's mean over the Acc@t* window; or a counter read at t*: {', '.join(counters)} "
+            "(docs/sweeps.md)")
+
+
 @app.command()
 def table(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
@@ -533,13 +543,7 @@ def table(
     only: list[str] = typer.Option([], "--only", help="tabulate part of the runs: those with one of these values "
                                    "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
                                    "repeatable"),
-    metric: str = typer.Option("accuracy", "--metric", help="the series each cell shows, its mean over the "
-                               "Acc@t* window or, for a counter, its reading at t*: accuracy (the global model), "
-                               "personal_accuracy, personal_worst10, personal_std (each client's own model on its "
-                               "own test split), cluster_purity, coverage_min (Gamma*), coverage_none, "
-                               "window_coverage_min, window_coverage_none, coverage_never, pruned_energy_mean "
-                               "(EPM's pruning noise), loss, avg_density, min_coverage, staleness_mean, or the "
-                               "counters steps, uploads, downloads, restorations, mb_up, mb_down"),
+    metric: str = typer.Option("accuracy", "--metric", help=_table_metric_help()),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
     from fedgmr.experiment.metrics import MissingMetricError

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import bisect
 import json
 import math
 from pathlib import Path
@@ -53,10 +54,11 @@ class TableMetric:
     digits: int = 2
 
 
-def _mechanism(name: str, description: str, *, counter: bool = False, digits: int = 2) -> TableMetric:
-    """A figure that describes how a method ran (density, steps, bytes), not how well."""
+def _mechanism(name: str, description: str, *, counter: bool = False) -> TableMetric:
+    """A figure that describes how a method ran (density, steps, bytes), not how well; a
+    counter is read at t* and shown with one decimal (a mean over seeds)."""
     return TableMetric(name, description, percent=False, accuracy=False, ranked=False, at_t_star=counter,
-                       digits=1 if counter else digits)
+                       digits=1 if counter else 2)
 
 
 #: the series ``compare`` and ``table`` can tabulate, one per table: the global model's
@@ -189,8 +191,8 @@ def value_at_t(times: Sequence[float], values: Sequence[float], t_star: float) -
     the run ends before ``t_star`` or logs nothing up to it."""
     if not times or times[-1] < t_star:
         return math.nan
-    idx = next((i for i in range(len(times) - 1, -1, -1) if times[i] <= t_star), None)
-    return math.nan if idx is None else float(values[idx])
+    idx = bisect.bisect_right(times, t_star) - 1  # times never decrease (check_records)
+    return math.nan if idx < 0 else float(values[idx])
 
 
 def metric_at_t(metric: str, times: Sequence[float], values: Sequence[float], t_star: float,
