@@ -369,6 +369,20 @@ def test_the_mri_row_stays_when_a_second_row_key_splits_no_method(grid: Path):
     assert "MRI of fedgmr (%)" in render(t, "md")
 
 
+def test_with_two_row_keys_the_mri_method_comes_first_and_the_second_key_keeps_its_order(grid: Path):
+    """The runs come fedavg first (directory order); the table lists fedgmr, the MRI method, first."""
+    assert [read_run(p).config["method"] for p in find_runs([grid])][0] == "fedavg"
+    t = _table(grid, rows=("method", "coordination.mode"), cols=("heterogeneity",))
+    assert t.rows == [("fedgmr", "semi_async"), ("fedavg", "sync")]
+    t = _table(grid, rows=("heterogeneity", "method"), cols=())
+    assert t.rows == [("high", "fedgmr"), ("low", "fedgmr"), ("high", "fedavg"), ("low", "fedavg")]
+    _run(grid, "aaa_mine", 0, "high", 0.5)  # not a baseline: after the MRI method and its baselines
+    t = _table(grid, rows=("method", "coordination.mode"), cols=("heterogeneity",))
+    assert [r[0] for r in t.rows] == ["fedgmr", "fedavg", "aaa_mine"]
+    t = _table(grid, rows=("method", "coordination.mode"), cols=("heterogeneity",), mri_of=None)
+    assert [r[0] for r in t.rows] == ["fedavg", "aaa_mine", "fedgmr"]  # no MRI method: baselines first
+
+
 def test_a_method_split_over_several_rows_gets_no_mri_row_and_the_caption_says_why(grid: Path):
     t = _table(grid, rows=("method", "heterogeneity"), cols=())
     assert t.mri_of is None and not t.mri

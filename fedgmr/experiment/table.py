@@ -330,9 +330,10 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
 
     row_vals = sorted({k[0] for k in cells}, key=order_of(row_keys))
     col_vals = sorted({k[1] for k in cells}, key=order_of(col_keys))
-    if row_keys == ["method"]:
+    if "method" in row_keys:  # the MRI method first, then its baselines; a stable sort keeps the rest
+        at = row_keys.index("method")
         order = {m: i for i, m in enumerate((mri_of, *baselines))}
-        row_vals.sort(key=lambda v: order.get(v[0], len(order)))
+        row_vals.sort(key=lambda v: order.get(v[at], len(order)))
     mri_row: dict[tuple, float] = {}
     over: list[str] = []
     mri_note: str | None = None
