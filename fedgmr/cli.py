@@ -514,9 +514,9 @@ class _SweepDisplay:
 def _table_metric_help() -> str:
     from fedgmr.experiment.metrics import TABLE_METRICS
 
-    windowed = [m.name for m in TABLE_METRICS.values() if not m.at_t_star]
+    windowed = [m.name for m in TABLE_METRICS.values() if not m.at_t_star and m.name != "accuracy"]
     counters = [m.name for m in TABLE_METRICS.values() if m.at_t_star]
-    return (f"the series each cell shows: accuracy (the global model, the default), or {', '.join(windowed[1:])}, "
+    return (f"the series each cell shows: accuracy (the global model, the default), or {', '.join(windowed)}, "
             f"each seed's mean over the Acc@t* window; or a counter read at t*: {', '.join(counters)} "
             "(docs/sweeps.md)")
 
