@@ -8,13 +8,20 @@ from typing import Any, Sequence
 
 import os
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from fedgmr.errors import ConfigError, FedGMRError
 
-from fedgmr.errors import ConfigError, FedGMRError  # noqa: E402
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported on first use: a run or a command that
+    draws nothing does not pay for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_runs(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str | Path,
@@ -35,6 +42,7 @@ def check_plot_path(path: str | Path, option: str = "--out") -> Path:
     image format (:class:`ConfigError`, naming ``option``), a missing or unwritable folder, or
     a folder in place of the file (:class:`FedGMRError`)."""
     path = Path(path)
+    plt = _pyplot()
     formats = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
     suffix = path.suffix.lower().lstrip(".")
@@ -83,6 +91,7 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
                 vline: float | None = None, right_label: str | None = None, legend_loc: str = "best") -> Path:
     """One figure: a line per curve (with its bands), a dashed right-axis series per curve
     that has one, an optional vertical mark (t*)."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
     ax2 = ax.twinx() if any(c.dashed is not None for c in curves) else None
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -122,7 +131,7 @@ def _save(fig: Any, path: str | Path) -> Path:
     except OSError as exc:
         raise FedGMRError(f"cannot write plot {path}: {exc.strerror or exc}") from None
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
     return path
 
 
@@ -238,6 +247,7 @@ def plot_coverage(run_dir: str | Path, path: str | Path, x: str = "time") -> Pat
 
     run_dir = Path(run_dir)
     xs, shares, labels = cv.coverage_shares(read_run_metrics(run_dir, ("accuracy",)), x, run_dir / "metrics.jsonl")
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
     ax.stackplot(xs, 100.0 * shares, labels=labels, alpha=0.85, step="post")
     ax.set_xlabel(_x_label(x, [run_dir]))

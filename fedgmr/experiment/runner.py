@@ -34,7 +34,6 @@ from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_
 from fedgmr.experiment.interrupt import sigint_latch
 from fedgmr.experiment.loggers import RunLoggers
 from fedgmr.experiment.metrics import acc_at_t, read_metrics
-from fedgmr.experiment.plots import plot_runs
 from fedgmr.experiment.rundir import (CONFIG_FILE, LOCK_FILE, METRICS_FILE, PLOT_FILE, SUMMARY_FILE, RunLock, clear,
                                       config_digest, fsync_file, holds_run, is_run_dir, prepare, write_atomic,
                                       writing)
@@ -435,5 +434,7 @@ def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None
         summary["acc_at_t_star_std"] = None if math.isnan(std) else std
     write_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     with writing(out / PLOT_FILE):
+        from fedgmr.experiment.plots import plot_runs
+
         plot_runs([(cfg.method, rows)], out / PLOT_FILE, title=f"{cfg.name}: {cfg.method}", t_star=cfg.run.t_star)
     return summary
