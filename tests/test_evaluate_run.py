@@ -61,6 +61,28 @@ def test_evaluate_reproduces_the_final_records_accuracy_and_level_accuracy(tmp_p
     assert json.loads(again.stdout) == got
 
 
+
+def test_a_run_that_ends_while_the_server_aggregates_is_evaluated_on_the_model_its_records_saw(tmp_path: Path):
+    """At max_time the server can be in the middle of an aggregation (a 4 s server_time
+    here): the final checkpoint then holds that unfinished step's model too, but the run's
+    final model is the one published before it, which the last record measured."""
+    cfg = tmp_path / "busy.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(
+        run={"max_steps": None, "max_time": 50, "eval_every": None, "eval_interval": 5.0, "checkpoint_every": 5,
+             "level_eval_every": 1},
+        coordination={"server_time": 4.0})))
+    out = tmp_path / "busy"
+    assert fedgmr("run", str(cfg), "--out", str(out), "-q").returncode == 0
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    summary = json.loads((out / "summary.json").read_text())
+    assert last["time"] == 50 and manifest["step"] == last["step"] + 1 == summary["steps"] + 1  # one step unpublished
+    proc = fedgmr("evaluate", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["step"] == last["step"] and got["final"] is True and got["time"] == 50
+    assert got["accuracy"] == last["accuracy"] and got["level_accuracy"] == last["level_accuracy"]
+
 def test_evaluate_refuses_a_run_without_a_checkpoint(tmp_path: Path):
     out = _run(tmp_path, "nock", checkpoint_every=None, checkpoint_seconds=None)
     assert not (out / "checkpoint").exists()

@@ -2,7 +2,8 @@
 
 ``fedgmr evaluate RUN`` rebuilds the run's experiment from its ``config.yaml`` (the data
 included), restores the strategy from the run's checkpoint (a finished run checkpoints its
-final model) and evaluates the global model on the test split: as it is, and multiplied
+final model: the one its last records measured, which the checkpoint keeps beside the
+unfinished step's when the run ended while the server was aggregating) and evaluates the global model on the test split: as it is, and multiplied
 by each level's mask (the per-level accuracy of ``run.level_eval_every``, for a run that
 did not log it). It answers "is the largest sub-model already as good as the full model?"
 without rerunning anything.
@@ -69,13 +70,20 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
                               f"{type(exc).__name__}: {exc}") from None
         strategy, evaluate = exp.strategy, exp.simulator.evaluator
         params, buffers = strategy.params, strategy.buffers
+        step = int(state.get("step", 0))
+        sim_tensors = tensors_under(tensors, "sim")
+        if "published/params" in sim_tensors:
+            # the run ended while the server was aggregating: its last records measured the
+            # model published before that aggregation, which is the run's final model
+            step = int(state["simulator"]["published_version"])
+            params = sim_tensors["published/params"]
+            buffers = {k[len("published/buf/"):]: v for k, v in sim_tensors.items() if k.startswith("published/buf/")}
         acc, loss = evaluate(params, buffers, "test")
         ladder = list(strategy.ladder.ladder) if levels else []
         per_level = masked_level_accuracy(params, buffers, [strategy.policy.mask(i) for i in range(len(ladder))],
                                           lambda p, b: evaluate(p, b, "test")[0])
         sim = state.get("simulator", {})
         summary = out / SUMMARY_FILE
-        step = int(state.get("step", 0))
         final = summary.is_file() and int(json.loads(summary.read_text()).get("steps", -1)) == step
         return RunEvaluation(str(out), step, float(sim.get("now", 0.0)), final, float(acc), float(loss),
                              [float(d) for d in ladder], [float(a) for a in per_level])

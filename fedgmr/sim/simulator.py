@@ -539,7 +539,12 @@ class Simulator:
             "client_states": {str(c): sorted(st) for c, st in sorted(self.client_states.items())},
             "client_state_epoch": self.client_state_epoch,
             "network": self.network.state_dict(), "rng": self.rng.bit_generator.state,
+            "published_version": self._published[0],
         }
+        version, params, buffers = self._published
+        if version != self.strategy.version:  # the server is still aggregating (a run's end at max_time)
+            tensors["published/params"] = params
+            tensors.update({f"published/buf/{k}": v for k, v in buffers.items()})
         return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
@@ -591,5 +596,11 @@ class Simulator:
         self.client_state_epoch = int(state.get("client_state_epoch", 0))
         self.network.load_state_dict(state["network"])
         self.rng.bit_generator.state = state["rng"]
-        # checkpoints are written right after a step finished: the strategy's model is published
+        # periodic checkpoints are written right after a step finished: the strategy's model is
+        # the published one. The final one may be written while the server is still
+        # aggregating: the model the run's records saw is then saved beside it.
         self._publish()
+        if "published/params" in tensors:
+            self._published = (int(state["published_version"]), tensors["published/params"].clone(),
+                               {k[len("published/buf/"):]: v.clone() for k, v in tensors.items()
+                                if k.startswith("published/buf/")})
