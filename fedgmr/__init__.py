@@ -9,8 +9,8 @@ The public API in one import::
     exp.simulator.run(max_steps=50)
 
 The names below are imported on first use (PEP 562), so that ``import fedgmr`` and the
-commands that need no model (``fedgmr table``, ``compare``, ``sweep --dry-run``) start
-without loading PyTorch or matplotlib.
+commands that build no model (``fedgmr table``, ``compare``, ``methods``, ``presets``)
+start without loading PyTorch or matplotlib.
 """
 
 from __future__ import annotations

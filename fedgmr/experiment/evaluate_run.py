@@ -1,12 +1,14 @@
 """Evaluate a run's saved global model: in full and under each ladder level's mask.
 
 ``fedgmr evaluate RUN`` rebuilds the run's experiment from its ``config.yaml`` (the data
-included), restores the strategy from the run's checkpoint (a finished run checkpoints its
-final model: the one its last records measured, which the checkpoint keeps beside the
-unfinished step's when the run ended while the server was aggregating) and evaluates the global model on the test split: as it is, and multiplied
-by each level's mask (the per-level accuracy of ``run.level_eval_every``, for a run that
-did not log it). It answers "is the largest sub-model already as good as the full model?"
-without rerunning anything.
+included), restores the strategy from the run's checkpoint and evaluates the global model
+on the test split: as it is, and multiplied by each level's mask (the per-level accuracy
+of ``run.level_eval_every``, for a run that did not log it). It answers "is the largest
+sub-model already as good as the full model?" without rerunning anything.
+
+A finished run checkpoints its final model: the one its last records measured. When the
+run ended at ``run.max_time`` while the server was still aggregating, the checkpoint keeps
+that model (``sim/published/*``) beside the unfinished step's, and it is the one evaluated.
 """
 
 from __future__ import annotations
