@@ -10,6 +10,7 @@ is multiplied by ``1 + 2 theta |w| / (|w| + theta)^2``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -17,14 +18,25 @@ import torch.nn as nn
 from fedgmr.algorithm.params import _NORM_TYPES, ParamSpace
 
 
-def threshold(scores: torch.Tensor, size: float) -> float:
-    """The ``k``-th largest score, ``k = floor(numel * size)``; ``inf`` when ``k == 0``."""
+def _kept_count(numel: int, size: float) -> int:
     if not 0.0 < size <= 1.0:
         raise ValueError(f"size must be in (0, 1], got {size}")
-    k = int(math.floor(scores.numel() * size + 1e-9))
-    if k == 0:
-        return math.inf
-    return float(torch.topk(scores.double(), k, sorted=True).values[-1])
+    return int(math.floor(numel * size + 1e-9))
+
+
+def thresholds(scores: torch.Tensor, sizes: Sequence[float]) -> list[float]:
+    """For each size, the ``k``-th largest score, ``k = floor(numel * size)`` (``inf`` when
+    ``k == 0``), all from one sort of ``scores``."""
+    ks = [_kept_count(scores.numel(), size) for size in sizes]
+    if not any(ks):
+        return [math.inf] * len(ks)
+    ordered = torch.sort(scores.flatten(), descending=True).values
+    return [float(ordered[k - 1]) if k else math.inf for k in ks]
+
+
+def threshold(scores: torch.Tensor, size: float) -> float:
+    """The ``k``-th largest score, ``k = floor(numel * size)``; ``inf`` when ``k == 0``."""
+    return thresholds(scores, [size])[0]
 
 
 def multiplier(w: torch.Tensor, theta: torch.Tensor | float) -> torch.Tensor:
@@ -75,15 +87,21 @@ def score_groups(model: nn.Module, space: ParamSpace, scope: str = "global") -> 
     return groups
 
 
-def level_mask(params: torch.Tensor, groups: torch.Tensor, size: float) -> torch.Tensor:
-    """Keep every unscored coordinate and, per group, ``|w| >= theta_g(size)``."""
-    mask = groups < 0
+def level_masks(params: torch.Tensor, groups: torch.Tensor, sizes: Sequence[float]) -> list[torch.Tensor]:
+    """:func:`level_mask` for every size in ``sizes``, sorting each group's scores once."""
+    masks = [groups < 0 for _ in sizes]
     scores = params.abs()
     for g in range(int(groups.max()) + 1 if groups.numel() else 0):
-        sel = groups == g
-        theta = threshold(scores[sel], size)
-        mask[sel] = scores[sel] >= theta
-    return mask
+        sel = (groups == g).nonzero().squeeze(1)
+        group_scores = scores.index_select(0, sel)
+        for mask, theta in zip(masks, thresholds(group_scores, sizes)):
+            mask[sel] = group_scores >= theta
+    return masks
+
+
+def level_mask(params: torch.Tensor, groups: torch.Tensor, size: float) -> torch.Tensor:
+    """Keep every unscored coordinate and, per group, ``|w| >= theta_g(size)``."""
+    return level_masks(params, groups, [size])[0]
 
 
 def thresholds_from_mask(start: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:

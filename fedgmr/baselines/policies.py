@@ -163,7 +163,7 @@ class FiarsePolicy(SubmodelPolicy):
         return cls(space, config.submodel.ladder, params, model, config.submodel.baseline.threshold_scope)
 
     def _rebuild(self, params: torch.Tensor) -> None:
-        self._masks = [fiarse_math.level_mask(params, self.groups, s) for s in self.ladder]
+        self._masks = fiarse_math.level_masks(params, self.groups, self.ladder)
 
     def mask(self, level: int) -> torch.Tensor:
         return self._masks[level]

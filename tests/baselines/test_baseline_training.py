@@ -185,3 +185,67 @@ def test_clip_grad_norm_bounds_every_width_trainers_step_to_lr_times_the_norm():
             # same direction: clipping scales the gradient, it does not change it
             cos = float(free[name] @ clipped[name]) / (n_free * n_clip)
             assert cos > 0.9999, name
+
+
+def _dense_fiarse_reference(model, space, start, mask, groups, x, y, s, seed):
+    """FIARSE's local round written plainly: every step rescans the whole mask."""
+    from fedgmr.training.local import BatchOrder, task_loss
+    scored = groups >= 0
+    theta = fiarse_math.thresholds_from_mask(start, mask, groups)
+    w, m, momentum = start.clone(), mask.clone(), torch.zeros_like(start)
+    gen = torch.Generator().manual_seed(seed)
+    batches = BatchOrder(len(y), s.batch_size, gen)
+    masks = []
+    model.train()
+    for _ in range(s.local_steps):
+        idx = batches.next()
+        space.load(model, w * m)
+        model.zero_grad(set_to_none=True)
+        task_loss(model(x[idx]), y[idx], s.task, s.loss, s.pad_index).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()]) * m
+        g = torch.where(scored & m, g * fiarse_math.multiplier(w, theta), g)
+        momentum = s.momentum * momentum + g
+        w = w - s.lr * momentum * mask
+        m = m & ~(scored & (w.abs() < theta))
+        masks.append(m.clone())
+    return w * mask, masks
+
+
+def test_fiarse_local_round_matches_the_plain_dense_round_bit_for_bit():
+    # the trainer's indexed multiplier against the plain dense form of the same round:
+    # same weights and same masks, to the bit
+    torch.manual_seed(3)
+    model = SPEC(1.0)
+    space = ParamSpace(model)
+    params = space.flatten(model)
+    x, y = _data()
+    s = TrainSettings(lr=0.5, momentum=0.5, batch_size=10, local_steps=8)
+    for size in (0.25, 1.0):
+        policy = FiarsePolicy(space, [size], params, model)
+        mask = policy.mask(0)
+        seen: list[torch.Tensor] = []
+        out = fiarse_local_training(model, space, params, {}, mask, policy.groups, x, y, s, 7, on_step=seen.append)
+        ref, ref_masks = _dense_fiarse_reference(SPEC(1.0), space, params, mask, policy.groups, x, y, s, 7)
+        assert torch.equal(out.params, ref)
+        assert len(seen) == len(ref_masks) and all(torch.equal(a, b) for a, b in zip(seen, ref_masks))
+        assert bool((seen[-1] != mask).any())  # weights did drop out
+
+
+def test_fiarse_level_masks_from_one_sort_match_a_topk_per_size():
+    g = torch.Generator().manual_seed(0)
+    params = torch.randn(400, generator=g)
+    params[:40] = 0.25  # ties across the thresholds
+    groups = torch.randint(-1, 3, (400,), generator=g)  # three groups and unscored coordinates
+    sizes = [0.01, 0.05, 0.2, 0.5, 1.0]
+    got = fiarse_math.level_masks(params, groups, sizes)
+    for size, mask in zip(sizes, got):
+        want = groups < 0
+        for grp in range(3):
+            sel = groups == grp
+            scores = params.abs()[sel]
+            k = int(scores.numel() * size + 1e-9)
+            theta = torch.topk(scores.double(), k).values[-1].item() if k else float("inf")
+            want[sel] = scores >= theta
+        assert torch.equal(mask, want), size
+        assert torch.equal(fiarse_math.level_mask(params, groups, size), want)
+    assert fiarse_math.thresholds(params.abs(), [0.001, 1.0]) == [float("inf"), float(params.abs().min())]
