@@ -618,7 +618,7 @@ def evaluate(
     model). Rebuilds the run, data included, from its config.yaml."""
     import pandas as pd
 
-    from fedgmr.experiment.evaluate_run import evaluate_run
+    from fedgmr.experiment.evaluate_run import evaluate_run, level_labels
     from fedgmr.experiment.table import find_runs
 
     _import_user_code(imports)
@@ -631,7 +631,8 @@ def evaluate(
                 continue
             row = {"run": path.name, "step": result.step, "time (s)": f"{result.time:,.0f}",
                    "final": "yes" if result.final else "no", "accuracy (%)": f"{100 * result.accuracy:.2f}"}
-            row.update({f"@{d:g}": f"{100 * a:.2f}" for d, a in zip(result.levels, result.level_accuracy)})
+            row.update({label: f"{100 * a:.2f}" for label, a in zip(level_labels(result.levels),
+                                                                     result.level_accuracy)})
             rows.append(row)
     except FedGMRError as exc:
         _fail(exc)
@@ -639,7 +640,7 @@ def evaluate(
     if rows:
         frame = pd.DataFrame(rows).fillna("–")
         typer.echo("Test accuracy of each run's saved global model; @d: under the mask of ladder level d "
-                   "(final: the checkpoint is the run's last step).\n")
+                   "(d to 3 significant figures; final: the checkpoint is the run's last step).\n")
         typer.echo(frame.to_markdown(index=False))
 
 

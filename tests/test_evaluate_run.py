@@ -90,3 +90,14 @@ def test_evaluate_refuses_a_run_without_a_checkpoint(tmp_path: Path):
     assert proc.returncode != 0 and "has no checkpoint to evaluate" in proc.stderr and "Traceback" not in proc.stderr
     proc = fedgmr("evaluate", str(tmp_path / "missing"))
     assert proc.returncode != 0 and "is not a directory" in proc.stderr
+
+
+def test_level_columns_are_labelled_to_three_significant_figures_unless_that_merges_levels():
+    from fedgmr.experiment.evaluate_run import level_labels
+
+    # FIARSE's measured densities differ in the sixth digit between seeds: one column each
+    assert level_labels([0.0500009, 0.0999993, 0.2, 0.5, 1.0]) == ["@0.05", "@0.1", "@0.2", "@0.5", "@1"]
+    assert level_labels([0.0499996, 0.1000004, 0.2, 0.5, 1.0]) == ["@0.05", "@0.1", "@0.2", "@0.5", "@1"]
+    assert level_labels([0.0073, 0.0287, 1.0]) == ["@0.0073", "@0.0287", "@1"]
+    # two levels of one run that 3 digits would merge keep more
+    assert level_labels([0.05001, 0.05004, 1.0]) == ["@0.05001", "@0.05004", "@1"]

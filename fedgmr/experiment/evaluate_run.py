@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -44,6 +45,21 @@ class RunEvaluation:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+
+def level_labels(densities: Sequence[float]) -> list[str]:
+    """Column labels ``@d`` for one run's ladder densities, to 3 significant figures.
+
+    Runs whose measured densities differ in the sixth digit (FIARSE's magnitude masks keep
+    ties and norm parameters, so its level 0.05 measures 0.0500009 in one seed and 0.0499996
+    in another) then share a column. Where 3 digits would merge two levels of the run, more
+    are kept.
+    """
+    for digits in (3, 6):
+        labels = [f"@{d:.{digits}g}" for d in densities]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"@{d!r}" for d in densities]
 
 
 def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
@@ -93,4 +109,4 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
         exp.executor.close()
 
 
-__all__ = ["RunEvaluation", "evaluate_run"]
+__all__ = ["RunEvaluation", "evaluate_run", "level_labels"]
