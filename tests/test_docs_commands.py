@@ -34,7 +34,7 @@ def _commands() -> list[tuple[str, str]]:
     for doc in DOCS:
         in_block = False
         for line in doc.read_text().splitlines():
-            if line.startswith("```"):
+            if line.lstrip().startswith("```"):  # fences indented under a list item too
                 in_block = line.strip() in ("```bash", "```sh", "```console") and not in_block
                 continue
             text = line.strip().removeprefix("$ ")

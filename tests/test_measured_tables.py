@@ -26,14 +26,17 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 def pasted_tables(text: str) -> list[tuple[str, str]]:
     """``(command, pasted output)`` for each bash block ending in a ``fedgmr table measured/``
     line that is followed (after blank lines only) by a plain output block."""
-    blocks = list(re.finditer(r"^```(\w*)\n(.*?)^```\n", text, flags=re.M | re.S))
+    # fences may be indented under a list item: the block's lines carry the same indent
+    blocks = list(re.finditer(r"^([ \t]*)```(\w*)\n(.*?)^\1```\n", text, flags=re.M | re.S))
     found = []
     for block, after in zip(blocks, blocks[1:]):
-        lines = block.group(2).strip().splitlines()
-        if block.group(1) != "bash" or not lines or not lines[-1].strip().startswith("fedgmr table measured/"):
+        lines = block.group(3).strip().splitlines()
+        if block.group(2) != "bash" or not lines or not lines[-1].strip().startswith("fedgmr table measured/"):
             continue
-        if after.group(1) == "" and not text[block.end():after.start()].strip():
-            found.append((lines[-1].strip(), after.group(2)))
+        if after.group(2) == "" and not text[block.end():after.start()].strip():
+            indent = after.group(1)
+            found.append((lines[-1].strip(), "".join(line.removeprefix(indent)
+                                                     for line in after.group(3).splitlines(keepends=True))))
     return found
 
 
@@ -48,6 +51,8 @@ def test_pasted_tables_are_found_only_after_their_command():
     text = ("```bash\nfedgmr table measured/x --t-star 1\n```\n\n```\nOUT\n```\n"
             "```bash\nfedgmr table measured/y --t-star 1\n```\nprose between\n```\nnot its output\n```\n")
     assert pasted_tables(text) == [("fedgmr table measured/x --t-star 1", "OUT\n")]
+    indented = "- a list item:\n\n  ```bash\n  fedgmr table measured/z --t-star 1\n  ```\n\n  ```\n  A\n\n  B\n  ```\n"
+    assert pasted_tables(indented) == [("fedgmr table measured/z --t-star 1", "A\n\nB\n")]
 
 
 @pytest.mark.parametrize("cmd,pasted", TABLES, ids=[c for c, _ in TABLES])

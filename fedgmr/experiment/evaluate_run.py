@@ -14,9 +14,9 @@ that model (``sim/published/*``) beside the unfinished step's, and it is the one
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import yaml
