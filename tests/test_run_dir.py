@@ -752,3 +752,24 @@ def test_a_restored_strategy_reports_the_same_min_coverage():
     assert fresh.strategy.min_coverage() == want
     exp.executor.close()
     fresh.executor.close()
+
+
+# ---------------------------------------------------------------------- the environment
+def test_the_summary_records_the_stack_that_computed_the_run(reference: Path, monkeypatch: pytest.MonkeyPatch):
+    """Same config, another CPU: close but not bit-identical metrics. The summary says which
+    processor, kernel level and versions made the run, so such runs can be told apart."""
+    import numpy
+    import torch
+
+    from fedgmr.experiment import environment as env_module
+
+    env = json.loads((reference / "summary.json").read_text())["environment"]
+    assert env["torch"] == torch.__version__ and env["numpy"] == numpy.__version__
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["device"] == "cpu" and env["torch_threads"] == tiny().run.torch_threads == 1
+    assert env["python"].count(".") == 2 and env["platform"].startswith(sys.platform)
+    # a stack that cannot name its processor or kernel level still gets its summary
+    monkeypatch.setattr(env_module, "_cpu_model", lambda: None)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: (_ for _ in ()).throw(RuntimeError("no")))
+    partial = env_module.environment("cpu")
+    assert partial["cpu"] is None and partial["cpu_capability"] is None and partial["torch"] == torch.__version__

@@ -400,6 +400,18 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
     return summary
 
 
+def run_environment(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The stack this process computes ``cfg`` on (:func:`fedgmr.experiment.environment.environment`)."""
+    from fedgmr.device import resolve_device
+    from fedgmr.experiment.environment import environment
+
+    try:
+        device: str | None = str(resolve_device(cfg.run.device))
+    except Exception:  # noqa: BLE001 - a record of the run, never a reason to lose its summary
+        device = None
+    return environment(device)
+
+
 def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None = None,
              failure: str | None = None) -> dict[str, Any]:
     """Write summary.json and the plot from the run's metrics.
@@ -426,6 +438,7 @@ def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None
     }
     if failure:
         summary["failure"] = failure
+    summary["environment"] = run_environment(cfg)
     if cfg.run.t_star is not None:
         mean, std = acc_at_t([r["time"] for r in rows], [r["accuracy"] for r in rows], cfg.run.t_star,
                              interval=cfg.run.eval_interval)

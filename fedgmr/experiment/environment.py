@@ -1,0 +1,49 @@
+"""The software and hardware a run was computed on, recorded in its ``summary.json``.
+
+A run is a function of its config and seed on one machine and software stack. Across
+machines the same config gives close but not bit-identical metrics: PyTorch picks its CPU
+kernels by the processor's vector instructions (AVX2, AVX-512), and they sum in different
+orders. The record says which stack made a run, so two runs that differ in the fourth
+decimal can be told apart from two that disagree.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_model() -> str | None:
+    """The processor's name (``/proc/cpuinfo`` on Linux, ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Versions, processor and torch's CPU kernel level (``cpu_capability``: ``AVX2``,
+    ``AVX512``, ...) of this process; ``device`` is the run's resolved device."""
+    import numpy
+    import torch
+
+    try:
+        capability: str | None = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):  # older torch
+        capability = None
+    record: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+        "platform": f"{sys.platform}-{platform.machine()}", "cpu": _cpu_model(), "cpu_capability": capability,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device is not None:
+        record["device"] = device
+    return record
+
+
+__all__ = ["environment"]
