@@ -546,9 +546,10 @@ def table(
     metric: str = typer.Option("accuracy", "--metric", help=_table_metric_help()),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
-    from fedgmr.experiment.metrics import MissingMetricError
+    from fedgmr.experiment.metrics import TABLE_METRICS, MissingMetricError
     from fedgmr.experiment.sweep import parse_only
-    from fedgmr.experiment.table import build_table, find_runs, join_t_stars, read_run, render, select_runs
+    from fedgmr.experiment.table import (build_table, clipped_windows, find_runs, join_t_stars, read_run, render,
+                                         select_runs)
 
     try:
         try:
@@ -587,6 +588,14 @@ def table(
         runs = select_runs(runs, chosen)
         if not runs:
             raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
+        if value == "acc" and not (metric in TABLE_METRICS and TABLE_METRICS[metric].at_t_star):
+            for t in t_stars:
+                clipped = clipped_windows(runs, t, span=window)
+                if clipped:
+                    typer.echo(f"note: {len(clipped)} run(s) end inside the window of t* = {t:,g} s, so their "
+                               f"values average fewer evaluations than a longer run's: "
+                               f"{', '.join(str(p) for p in clipped[:3])}{' ...' if len(clipped) > 3 else ''}",
+                               err=True)
         result = join_t_stars([build_table(runs, t, rows=[k.strip() for k in rows.split(",") if k.strip()],
                                            cols=None if cols is None else [k.strip() for k in cols.split(",")
                                                                            if k.strip()],

@@ -481,3 +481,24 @@ def test_test_loss_is_windowed_and_the_lowest_is_bold(tmp_path: Path):
     text = render(table, "md")
     assert "loss at t* = 10 s" in text and "Bold: lowest mean" in text and "MRI" not in text
     assert "| fedgmr   | **0.4100 ± 0.0141** |" in text and "| fedavg   | 0.9100 ± 0.0141     |" in text
+
+
+def test_runs_that_end_inside_the_window_are_named_and_full_windows_are_not(tmp_path: Path):
+    """Runs evaluated every 1 s up to 30 s: t* = 21's window [11, 31) holds all 20 grid points
+    (the last is 30), t* = 22's [12, 32) would need 31 too: those runs average 19."""
+    from fedgmr.experiment.table import clipped_windows
+
+    paths = [_run(tmp_path, "fedgmr", seed, "high", 0.8) for seed in (0, 1)]
+    runs = [read_run(p) for p in paths]
+    assert clipped_windows(runs, 20.0) == [] and clipped_windows(runs, 21.0) == []
+    assert clipped_windows(runs, 22.0) == paths and clipped_windows(runs, 29.0) == paths
+    assert clipped_windows(runs, 30.0) == []  # never past t*: no value at all, not a short one
+    assert clipped_windows(runs, 25.0, span=5.0) == []  # [20, 30) is whole
+    proc = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "20,25"],
+                          capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert proc.returncode == 0, proc.stderr
+    notes = [ln for ln in proc.stderr.splitlines() if "end inside the window" in ln]
+    assert len(notes) == 1 and "2 run(s)" in notes[0] and "t* = 25 s" in notes[0], proc.stderr
+    counter = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "25",
+                              "--metric", "steps"], capture_output=True, text=True, env=ENV, timeout=scaled(300))
+    assert counter.returncode == 0 and "end inside the window" not in counter.stderr, counter.stderr

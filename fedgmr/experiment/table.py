@@ -541,5 +541,23 @@ def _csv(table: Table) -> str:
     return pd.DataFrame(records).to_csv(index=False)
 
 
+def clipped_windows(runs: Sequence[RunData], t_star: float, span: float | None = None,
+                    half_window: int = 10) -> list[Path]:
+    """The runs whose evaluations stop inside Acc@t*'s window ``[t* - w, t* + w)`` (``w``:
+    ``span``, else ``half_window`` grid steps), with room left in it for another grid
+    evaluation: their value averages fewer evaluations than the same config run longer
+    would, so the two differ. Runs without a grid (no interval) are not judged."""
+    clipped = []
+    for run in runs:
+        step = run.interval
+        width = span if span is not None else (half_window * step if step else None)
+        if not step or not width or not run.times:
+            continue
+        last = max(run.times)
+        if t_star < last and last + step < t_star + width - 1e-9 * step:
+            clipped.append(run.path)
+    return clipped
+
+
 __all__ = ["Value", "PAPER_BASELINES", "REJECTED_MARK", "RunData", "Table", "find_runs", "read_run", "build_table", "join_t_stars",
-           "render", "caption"]
+           "render", "caption", "clipped_windows"]
