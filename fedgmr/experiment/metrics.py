@@ -151,6 +151,14 @@ COMPARE_FIELDS = ("time", "accuracy")
 PLOT_FIELDS = ("time", "accuracy", "avg_density")
 
 
+def window_half_width(interval: float | None, span: float | None = None, half_window: int = 10) -> float | None:
+    """Half-width in seconds of Acc@t*'s time window: ``span``, else ``half_window`` grid
+    steps of ``interval``; None when neither is known (the index window applies)."""
+    if span is not None:
+        return span
+    return half_window * interval if interval is not None else None
+
+
 def acc_at_t(times: Sequence[float], accs: Sequence[float], t_star: float, half_window: int = 10,
              interval: float | None = None, span: float | None = None) -> tuple[float, float]:
     """Acc@t*: mean and (population) std of the evaluations in a window around ``t_star``.
@@ -164,8 +172,7 @@ def acc_at_t(times: Sequence[float], accs: Sequence[float], t_star: float, half_
     idx = next((i for i, t in enumerate(times) if t > t_star), None)
     if idx is None:
         return math.nan, math.nan
-    if span is None and interval is not None:
-        span = half_window * interval
+    span = window_half_width(interval, span, half_window)
     if span is not None:
         lo, hi = t_star - span, t_star + span
         window = np.asarray([a for t, a in zip(times, accs) if lo <= t < hi], dtype=float)

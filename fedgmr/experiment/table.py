@@ -26,7 +26,7 @@ from fedgmr.errors import ConfigError, FedGMRError
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, finite_number, flatten_config,
                                       metric_at_t,
                                       metric_series, metric_value, mri, read_run_metrics, read_summary,
-                                      run_clock, run_eval_interval, time_to_accuracy)
+                                      run_clock, run_eval_interval, time_to_accuracy, window_half_width)
 
 #: the paper's six baselines: the default set an MRI row is computed over
 PAPER_BASELINES = ("fedavg", "fedasync", "heterofl", "fedrolex", "fjord", "fiarse")
@@ -550,7 +550,7 @@ def clipped_windows(runs: Sequence[RunData], t_star: float, span: float | None =
     clipped = []
     for run in runs:
         step = run.interval
-        width = span if span is not None else (half_window * step if step else None)
+        width = window_half_width(step, span, half_window)
         if not step or not width or not run.times:
             continue
         last = max(run.times)
