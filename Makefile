@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean repro-env
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,8 +33,19 @@ test: $(FULL_STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --ignore=tests/distributed
 
+## make repro-env: the pinned numeric stack of the measured tables (constraints/repro.txt) in .venv-repro;
+## reproduce a cell there with ATEN_CPU_CAPABILITY=avx2 (docs/protocol.md)
+REPRO ?= .venv-repro
+repro-env:
+	@test -x $(REPRO)/bin/python || $(PYTHON) -m venv $(REPRO)
+	@$(REPRO)/bin/python -m pip install -q --upgrade pip
+	@$(REPRO)/bin/python -m pip install -q torch==2.13.0 -c constraints/repro.txt
+	@$(REPRO)/bin/python -m pip install -q -c constraints/repro.txt -e .
+	@$(REPRO)/bin/python -m pip check
+	@echo "pinned stack in $(REPRO): run cells with ATEN_CPU_CAPABILITY=avx2 $(REPRO)/bin/fedgmr ..."
+
 bench: $(STAMP)
 	$(PY) benchmarks/sim_overhead.py
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache
+	rm -rf $(VENV) $(REPRO) demo-out .pytest_cache

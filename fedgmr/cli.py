@@ -525,7 +525,8 @@ def _table_metric_help() -> str:
 def table(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
     t_star: str = typer.Option(..., "--t-star", help="virtual time t* for Acc@t*; several, comma-separated "
-                               "(500,1000,2000), give each column once per t*"),
+                               "(500,1000,2000), give each column once per t*; 'auto': the first grid time from "
+                               "which most cells stay within --stable-tol of their value at the horizon"),
     fmt: str = typer.Option("md", "--format", "-f", help="md, latex or csv"),
     rows: str = typer.Option("method", "--rows", help="config keys for rows, comma-separated"),
     cols: Optional[str] = typer.Option(None, "--cols", help="config keys for columns, comma-separated "
@@ -544,21 +545,39 @@ def table(
                                    "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
                                    "repeatable"),
     metric: str = typer.Option("accuracy", "--metric", help=_table_metric_help()),
+    paired_against: Optional[str] = typer.Option(None, "--paired-against", help="also print, per cell, the "
+                                                 "seed-paired difference of this method's row (or a row label "
+                                                 "as printed) minus each other row: mean, 95 % interval, p-value "
+                                                 "and verdict"),
+    stable_tol: float = typer.Option(1.0, "--stable-tol", help="--t-star auto: the tolerance, in points of "
+                                     "accuracy, within which a cell counts as stable"),
+    horizon: Optional[float] = typer.Option(None, "--horizon", help="--t-star auto: the horizon whose values "
+                                            "the cells must stay near (default: the latest time every run's "
+                                            "window reaches)"),
+    scan_from: Optional[float] = typer.Option(None, "--scan-from", help="--t-star auto: the earliest t* "
+                                              "considered (default: the first with a whole window)"),
 ) -> None:
-    """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row."""
+    """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row, paired tests."""
     from fedgmr.experiment.metrics import TABLE_METRICS, MissingMetricError
     from fedgmr.experiment.sweep import parse_only
-    from fedgmr.experiment.table import (build_table, clipped_windows, find_runs, join_t_stars, read_run, render,
-                                         select_runs)
+    from fedgmr.experiment.table import (auto_t_star, build_table, clipped_windows, find_runs, join_t_stars,
+                                         read_run, render, select_runs)
 
     try:
+        tokens = [t.strip() for t in t_star.split(",") if t.strip()]
         try:
-            t_stars = [float(t) for t in t_star.split(",") if t.strip()]
+            t_stars: list[float | None] = [None if t == "auto" else float(t) for t in tokens]
         except ValueError:
-            raise ConfigError(f"--t-star takes a time in virtual seconds, or several comma-separated, got '{t_star}'") \
-                from None
-        if not t_stars or any(not math.isfinite(t) or t < 0 for t in t_stars) or len(set(t_stars)) != len(t_stars):
-            raise ConfigError(f"--t-star takes distinct times >= 0 in virtual seconds, got '{t_star}'")
+            raise ConfigError(f"--t-star takes a time in virtual seconds, several comma-separated, or auto, "
+                              f"got '{t_star}'") from None
+        fixed = [t for t in t_stars if t is not None]
+        if not t_stars or any(not math.isfinite(t) or t < 0 for t in fixed) or len(set(tokens)) != len(tokens) \
+                or len(set(fixed)) != len(fixed):
+            raise ConfigError(f"--t-star takes distinct times >= 0 in virtual seconds (or auto), got '{t_star}'")
+        if not math.isfinite(stable_tol) or stable_tol < 0:
+            raise ConfigError(f"--stable-tol takes points of accuracy >= 0, got {stable_tol:g}")
+        if None not in t_stars and (horizon is not None or scan_from is not None):
+            raise ConfigError("--horizon and --scan-from belong to --t-star auto")
         if fmt not in ("md", "latex", "csv"):
             raise ConfigError(f"--format must be md, latex or csv, got '{fmt}'")
         if value not in ("acc", "final", "time"):
@@ -588,21 +607,38 @@ def table(
         runs = select_runs(runs, chosen)
         if not runs:
             raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
+        row_list = [k.strip() for k in rows.split(",") if k.strip()]
+        col_list = None if cols is None else [k.strip() for k in cols.split(",") if k.strip()]
+        found = None
+        if None in t_stars:
+            if value != "acc" or target is not None:
+                raise ConfigError("--t-star auto makes a table of Acc@t* only (no --value final/time, no --target)")
+            spec = TABLE_METRICS[metric]
+            found = auto_t_star(runs, row_list, col_list, tolerance=stable_tol / (100.0 if spec.percent else 1.0),
+                                horizon=horizon, start=scan_from, span=window)
+            if found.t_star is None:
+                raise FedGMRError(f"--t-star auto: most cells never stay within {stable_tol:g} of their value at the "
+                                  f"horizon {found.horizon:,.0f} s ({found.stable} of {found.total} do from some "
+                                  "time on); run longer or raise --stable-tol")
         if value == "acc" and not (metric in TABLE_METRICS and TABLE_METRICS[metric].at_t_star):
-            for t in t_stars:
+            for t in (found.t_star if t is None else t for t in t_stars):  # type: ignore[union-attr]
                 clipped = clipped_windows(runs, t, span=window)
                 if clipped:
                     typer.echo(f"note: {len(clipped)} run(s) end inside the window of t* = {t:,g} s, so their "
                                f"values average fewer evaluations than a longer run's: "
                                f"{', '.join(str(p) for p in clipped[:3])}{' ...' if len(clipped) > 3 else ''}",
                                err=True)
-        result = join_t_stars([build_table(runs, t, rows=[k.strip() for k in rows.split(",") if k.strip()],
-                                           cols=None if cols is None else [k.strip() for k in cols.split(",")
-                                                                           if k.strip()],
-                                           target=target, span=window, mri_of=mri_of or None,
-                                           baselines=[b.strip() for b in baselines.split(",") if b.strip()],
-                                           value=value)  # type: ignore[arg-type]
-                               for t in t_stars])
+        tables = []
+        for t in t_stars:
+            built = build_table(runs, found.t_star if t is None else t, rows=row_list,  # type: ignore[union-attr]
+                                cols=col_list, target=target, span=window, mri_of=mri_of or None,
+                                baselines=[b.strip() for b in baselines.split(",") if b.strip()],
+                                value=value, paired_against=paired_against)  # type: ignore[arg-type]
+            if t is None:
+                built.auto = found
+            tables.append(built)
+        result = join_t_stars(tables)
+        _note_seed_spread(result)
         text = render(result, fmt)  # type: ignore[arg-type]
         if out is not None:
             try:
@@ -613,6 +649,23 @@ def table(
         _fail(exc)
         return
     typer.echo(text, nl=False)
+
+
+def _note_seed_spread(result: Any) -> None:
+    """The protocol's rule: a column whose seed std exceeds 2 points needs 5 seeds. Say
+    which cells break it (stderr; the table is unchanged)."""
+    from fedgmr.experiment.metrics import TABLE_METRICS
+
+    if result.value != "acc" or not TABLE_METRICS[result.metric].percent:
+        return
+    wide = [(r, c) for (r, c), cell in result.cells.items()
+            if cell["n"] < 5 and not math.isnan(cell["std"]) and 100 * cell["std"] > 2.0]
+    if wide:
+        from fedgmr.experiment.table import _label
+
+        shown = "; ".join(f"{_label(r)} at {_label(c)}" for r, c in wide[:3])
+        typer.echo(f"note: {len(wide)} cell(s) have a seed std above 2 points with fewer than 5 seeds "
+                   f"(docs/protocol.md asks for 5 there): {shown}{' ...' if len(wide) > 3 else ''}", err=True)
 
 
 @app.command()

@@ -154,6 +154,15 @@ for _name, (_desc, _fixed) in _BASELINES.items():
                                                 {**_fixed, **_aux, "restoration.trigger": "early_stopping"},
                                                 _defaults))
 
+# The same transport for everyone (docs/protocol.md): FedGMR multicasts the blocks a dispatch wave shares
+# (network.ims); these are the baselines in their published coordination with that transport too. A full
+# model is one block and width prefixes or FIARSE's threshold masks are nested, so each wave's shared
+# blocks cross the server's uplink once. FedRolex's rolling windows are not nested (no IMS variant).
+for _name in ("fedavg", "fedasync", "heterofl", "fjord", "fiarse"):
+    _base = METHODS.get(_name)
+    METHODS.register(f"{_name}_ims", Method(f"{_name}_ims", _base.description + "; IMS multicast downloads, as "
+                                            "FedGMR's", {**_base.fixed, "network.ims": True}, dict(_base.defaults)))
+
 
 def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None) -> ExperimentConfig:
     """Apply the chosen method's fixed settings to a raw config dict and validate it.

@@ -65,6 +65,24 @@ def test_ims_multicast_sends_fewer_bytes_and_is_not_slower():
     assert on[1]["bytes_down"] < 0.6 * off[1]["bytes_down"]
 
 
+@pytest.mark.parametrize("method", ["fedavg", "heterofl"])
+def test_baselines_ims_variant_multicasts_the_wave_and_trains_the_same(method: str):
+    # docs/protocol.md: the baselines on FedGMR's transport. A synchronous wave of 10 clients:
+    # the full model (or HeteroFL's nested width prefixes) crosses the server's uplink once
+    cfg = {"run": {"max_steps": 3, "eval_every": 1}, "network": {"model_size_mb": None}}
+    plain, exp = run(tiny_config(method=method, **cfg))
+    multi, exp_ims = run(tiny_config(method=f"{method}_ims", **cfg))
+    assert exp_ims.simulator.coord.ims and not exp.simulator.coord.ims
+    assert [r["downloads"] for r in multi] == [r["downloads"] for r in plain]
+    assert multi[1]["bytes_down"] < 0.6 * plain[1]["bytes_down"]
+    if method == "fedavg":  # one block, the full model, sent once instead of ten times
+        assert multi[1]["bytes_down"] == pytest.approx(plain[1]["bytes_down"] / 10)
+    # the same training: only the transport, and so the clock, differ
+    assert [r["step"] for r in multi] == [r["step"] for r in plain]
+    assert [r["accuracy"] for r in multi] == [r["accuracy"] for r in plain]
+    assert multi[-1]["time"] < plain[-1]["time"]
+
+
 def test_upload_bytes_are_the_encoded_payload_sizes():
     raw = tiny_config(method="fedavg", network={"model_size_mb": None}, run={"max_steps": 2, "eval_every": 1})
     recs, exp = run(raw)

@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from fedgmr.errors import ConfigError, FedGMRError
+from fedgmr.experiment.stats import CONFIDENCE, PairedDiff, Stabilisation, paired_difference, stabilisation_time
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, finite_number, flatten_config,
                                       metric_at_t,
                                       metric_series, metric_value, mri, read_run_metrics, read_summary,
@@ -246,6 +247,11 @@ class Table:
     parts: list["Table"] | None = None
     #: why a requested MRI row is missing, for the caption (None when there is one or none was asked)
     mri_note: str | None = None
+    #: the row every other row is paired against (``--paired-against``); its cells' ``paired``
+    #: entries hold :class:`~fedgmr.experiment.stats.PairedDiff` of ``reference - row``
+    paired_ref: tuple | None = None
+    #: how an automatic t* was found (``--t-star auto``), for the caption and the column label
+    auto: Stabilisation | None = None
 
     @property
     def seeds_per_cell(self) -> int:
@@ -256,9 +262,13 @@ class Table:
 def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("method",),
                 cols: Sequence[str] | None = None, target: float | None = None, span: float | None = None,
                 mri_of: str | None = "fedgmr", baselines: Sequence[str] = PAPER_BASELINES,
-                value: Value = "acc") -> Table:
+                value: Value = "acc", paired_against: str | None = None) -> Table:
     """Group ``runs`` by every key but the seed and compute each cell's statistics of
-    ``value`` (Acc@t*, the final accuracy, or the end time)."""
+    ``value`` (Acc@t*, the final accuracy, or the end time).
+
+    ``paired_against``: a method (or a row label as the table prints it, ``fedgmr / True``)
+    whose row every other row is compared with, seed by seed, in each column
+    (:func:`~fedgmr.experiment.stats.paired_difference`)."""
     if not runs:
         raise FedGMRError("no runs to tabulate")
     metrics = sorted({r.metric for r in runs})
@@ -358,13 +368,103 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
                     ok = mine is not None and base and len(base) == len(over) \
                         and not any(math.isnan(x) or x <= 0 for x in base) and not math.isnan(mine["mean"])
                     mri_row[c] = mri(mine["mean"], base) if ok else math.nan  # type: ignore[index]
+    ref_row = None
+    if paired_against is not None:
+        ref_row = _reference_row(paired_against, row_keys, row_vals)
+        for c in col_vals:
+            ref = cells.get((ref_row, c))
+            if ref is None:
+                continue
+            mine = dict(zip(ref["seeds"], ref["acc"]))
+            for r in row_vals:
+                if r != ref_row and (r, c) in cells:
+                    other = cells[(r, c)]
+                    other["paired"] = paired_difference(mine, dict(zip(other["seeds"], other["acc"])))
     return Table(t_star, row_keys, col_keys, row_vals, col_vals, cells, mri_of if over else None, over, mri_row,
-                 target, value, metrics[0], mri_note=mri_note)
+                 target, value, metrics[0], mri_note=mri_note, paired_ref=ref_row)
 
 
-def t_star_label(t: float) -> str:
-    """A t* column's label in a several-t* table."""
-    return f"t* = {t:,.0f} s"
+def _reference_row(name: str, row_keys: Sequence[str], row_vals: Sequence[tuple]) -> tuple:
+    """The row ``--paired-against`` names: a row label as printed (``fedgmr / True``), or a
+    method whose rows are one. ConfigError listing the rows otherwise."""
+    labelled = [r for r in row_vals if _label(r) == name]
+    if labelled:
+        return labelled[0]
+    if "method" in row_keys:
+        at = row_keys.index("method")
+        hits = [r for r in row_vals if str(r[at]) == name]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise ConfigError(f"--paired-against {name}: {len(hits)} rows hold it "
+                              f"({'; '.join(_label(r) for r in hits)}); name one row as printed, or keep one "
+                              "with --only")
+    raise ConfigError(f"--paired-against {name}: no such row (rows: {'; '.join(_label(r) for r in row_vals)})")
+
+
+def auto_t_star(runs: Sequence[RunData], rows: Sequence[str] = ("method",), cols: Sequence[str] | None = None,
+                tolerance: float = 0.01, horizon: float | None = None, start: float | None = None,
+                span: float | None = None) -> Stabilisation:
+    """The paper's t* rule made operational (``--t-star auto``): the first grid time from
+    which most cells of the table (row x column, each the mean across seeds of Acc@t) stay
+    within ``tolerance`` of their value at the horizon (:func:`stabilisation_time`).
+
+    Every run must share one evaluation grid. The scan covers the grid times at which every
+    run's Acc@t window is whole: from its first evaluation plus the half-window (or
+    ``start``, if later) to ``horizon`` (default: the latest such time every run reaches).
+    Raises FedGMRError when the runs cannot be read this way."""
+    if not runs:
+        raise FedGMRError("no runs to find t* on")
+    metric = runs[0].metric
+    if not TABLE_METRICS[metric].accuracy:
+        raise ConfigError(f"--t-star auto reads an accuracy's stabilisation; {metric!r} is not an accuracy")
+    intervals = {r.interval for r in runs}
+    if None in intervals or len(intervals) != 1:
+        raise ConfigError("--t-star auto needs runs on one evaluation grid (run.eval_interval); these have "
+                          f"{', '.join(sorted(str(i) for i in intervals))}")
+    step = float(intervals.pop())  # type: ignore[arg-type]
+    width = window_half_width(step, span)
+    assert width is not None
+    eps = 1e-9 * step
+    lo = max(r.times[0] for r in runs) + width
+    if start is not None:
+        lo = max(lo, start)
+    lo = math.ceil(lo / step - 1e-9) * step
+    reach = min(r.times[-1] for r in runs) + step - width  # the latest t whose window every run fills
+    if horizon is None:
+        hi = math.floor(reach / step + 1e-9) * step
+    else:
+        if horizon > reach + eps:
+            raise ConfigError(f"--horizon {horizon:,g}: some runs end before its window does (every run's window "
+                              f"is whole up to t = {reach:,g} s); run them longer or choose an earlier horizon")
+        hi = horizon
+    if hi < lo - eps:
+        raise ConfigError(f"--t-star auto: no grid time has a whole Acc@t window in every run (earliest "
+                          f"{lo:,g} s, latest {hi:,g} s); the runs start evaluating too late (run.eval_from) or "
+                          "end too early")
+    grid = [lo + i * step for i in range(int(round((hi - lo) / step)) + 1)]
+    if grid[-1] != hi:
+        grid.append(hi)
+    curves: dict[tuple, list[float]] = {}
+    for t in grid:
+        table = build_table(runs, t, rows=rows, cols=cols, span=span, mri_of=None)
+        for key, cell in table.cells.items():
+            curves.setdefault(key, []).append(cell["mean"])
+    return stabilisation_time(grid, curves, tolerance)
+
+
+def auto_note(stab: Stabilisation, percent: bool = True) -> str:
+    """How ``--t-star auto`` found its t*, in one sentence."""
+    tol = f"{100 * stab.tolerance:.2f} point{'s' if stab.tolerance != 0.01 else ''}" if percent \
+        else f"{stab.tolerance:g}"
+    return (f"t* = auto: {stab.t_star:,.0f} s, the first grid time from which {stab.stable} of {stab.total} "
+            f"cells (most) stay within {tol} of their value at the horizon, {stab.horizon:,.0f} s "
+            f"(scanned from {stab.start:,.0f} s).")
+
+
+def t_star_label(t: float, auto: bool = False) -> str:
+    """A t* column's label in a several-t* table (``(auto)``: found by ``--t-star auto``)."""
+    return f"t* = {t:,.0f} s" + (" (auto)" if auto else "")
 
 
 def join_t_stars(tables: Sequence[Table]) -> Table:
@@ -375,16 +475,17 @@ def join_t_stars(tables: Sequence[Table]) -> Table:
     first = tables[0]
     if first.value != "acc" or first.target is not None:
         raise ConfigError("several --t-star values make a table of Acc@t* only (no --value final/time, no --target)")
-    cols = [(*c, t_star_label(t.t_star)) for c in first.cols for t in tables]
+    cols = [(*c, t_star_label(t.t_star, t.auto is not None)) for c in first.cols for t in tables]
     cells, mri_row = {}, {}
     for t in tables:
-        tag = t_star_label(t.t_star)
+        tag = t_star_label(t.t_star, t.auto is not None)
         for (r, c), cell in t.cells.items():
             cells[(r, (*c, tag))] = cell
         for c, v in t.mri.items():
             mri_row[(*c, tag)] = v
     return Table(first.t_star, first.row_keys, [*first.col_keys, "t*"], first.rows, cols, cells, first.mri_of,
-                 first.mri_over, mri_row, None, first.value, first.metric, parts=list(tables), mri_note=first.mri_note)
+                 first.mri_over, mri_row, None, first.value, first.metric, parts=list(tables), mri_note=first.mri_note,
+                 paired_ref=first.paired_ref)
 
 
 # ---------------------------------------------------------------------- rendering
@@ -439,6 +540,58 @@ def _frame(table: Table, fmt: Format) -> Any:
     return frame
 
 
+def _scale_digits(table: Table) -> tuple[float, int]:
+    spec = TABLE_METRICS[table.metric]
+    return (1.0, 0) if table.value == "time" else (100.0 if spec.percent else 1.0, spec.digits)
+
+
+def format_p(p: float) -> str:
+    """A p-value as the tables print it."""
+    return "n/a" if math.isnan(p) else ("p<0.001" if p < 0.001 else f"p={p:.3f}")
+
+
+def paired_text(d: PairedDiff, scale: float = 100.0, digits: int = 2) -> str:
+    """One paired cell: ``+1.39 [+0.51, +2.27] p=0.019 ahead``."""
+    if d.n == 0:
+        return "no common seed"
+    if d.n == 1:
+        return f"{scale * d.mean:+,.{digits}f} (1 pair: no interval)"
+    return (f"{scale * d.mean:+,.{digits}f} [{scale * d.lo:+,.{digits}f}, {scale * d.hi:+,.{digits}f}] "
+            f"{format_p(d.p)} {d.verdict}")
+
+
+def _paired_frame(table: Table, fmt: Format) -> Any:
+    """The seed-paired differences against the reference row, one cell per (row, column)."""
+    import pandas as pd
+
+    esc = _latex_escape if fmt == "latex" else (lambda s: s)
+    scale, digits = _scale_digits(table)
+    rows = [r for r in table.rows if r != table.paired_ref]
+    data = []
+    for r in rows:
+        line = []
+        for c in table.cols:
+            cell = table.cells.get((r, c))
+            if cell is None or "paired" not in cell:
+                line.append("–")
+            else:
+                line.append(esc(paired_text(cell["paired"], scale, digits)))
+        data.append(line)
+    frame = pd.DataFrame(data, index=[esc(_label(r)) for r in rows], columns=[esc(_label(c)) for c in table.cols])
+    frame.index.name = esc(" / ".join(table.row_keys))
+    return frame
+
+
+def paired_title(table: Table) -> str:
+    """What the paired table's cells are, in one paragraph."""
+    ref = _label(table.paired_ref or ())
+    unit = "points" if TABLE_METRICS[table.metric].percent and table.value != "time" else "units of the table"
+    return (f"Seed-paired differences against {ref}: Δ = {ref} − row, in {unit}; mean of the per-seed "
+            f"differences over the seeds both cells hold, [{100 * CONFIDENCE:.0f} % interval] (Student t, "
+            f"n − 1 degrees of freedom), two-sided p-value of Δ = 0. Verdict for {ref}: ahead where the "
+            "interval lies above 0, behind where below, level where it holds 0.")
+
+
 def _target_frames(table: Table, fmt: Format) -> list[tuple[str, Any]]:
     import pandas as pd
 
@@ -470,6 +623,8 @@ def caption(table: Table) -> str:
     if table.parts:
         ts = [f"{t.t_star:,.0f}" for t in table.parts]
         title = f"Acc@t* (%) at t* = {', '.join(ts[:-1])} and {ts[-1]} s (one column each)"
+    if table.auto is not None and not table.parts:
+        title = title.replace(f"t* = {table.t_star:,.0f} s", f"t* = {table.t_star:,.0f} s (auto)")
     if not TABLE_METRICS[table.metric].percent:
         title = title.replace(" (%)", "")
     if table.metric != "accuracy" and table.value != "time":  # e.g. "coverage_never (%) at t* = 2,000 s"
@@ -492,6 +647,9 @@ def caption(table: Table) -> str:
         text += f" MRI of {table.mri_of}: on the cell means, over {', '.join(table.mri_over)}."
     elif table.mri_note:
         text += f" {table.mri_note}"
+    for part in (table.parts or [table]):
+        if part.auto is not None:
+            text += " " + auto_note(part.auto, TABLE_METRICS[table.metric].percent)
     marked = [(r, c, cell) for (r, c), cell in table.cells.items() if sum(cell["rejected"])]
     if marked:
         runs = sum(1 for *_, cell in marked for k in cell["rejected"] if k)
@@ -511,12 +669,16 @@ def render(table: Table, fmt: Format = "md") -> str:
     frame = _frame(table, fmt)
     if fmt == "md":
         parts = [caption(table), "", frame.to_markdown()]
+        if table.paired_ref is not None:
+            parts += ["", paired_title(table), "", _paired_frame(table, fmt).to_markdown()]
         if table.target is not None:
             for title, f in _target_frames(table, fmt):
                 parts += ["", f"{title}, target accuracy {100 * table.target:.1f} %: mean over the seeds "
                               "that reached it", "", f.to_markdown()]
         return "\n".join(parts) + "\n"
     parts = [f"% {caption(table)}", frame.to_latex(escape=False)]
+    if table.paired_ref is not None:
+        parts += [f"% {paired_title(table)}", _paired_frame(table, fmt).to_latex(escape=False)]
     if table.target is not None:
         for title, f in _target_frames(table, fmt):
             parts += [f"% {title}, target accuracy {100 * table.target:.1f} %", f.to_latex(escape=False)]
@@ -533,6 +695,12 @@ def _csv(table: Table) -> str:
                "seeds": " ".join(str(s) for s in cell["seeds"]),
                "per_seed": " ".join(f"{a:.6f}" for a in cell["acc"]),
                "rejected_updates": " ".join(str(k) for k in cell["rejected"])}
+        if table.paired_ref is not None:
+            d = cell.get("paired")
+            rec.update(paired_against=_label(table.paired_ref),
+                       diff_mean=d.mean if d else math.nan, diff_lo=d.lo if d else math.nan,
+                       diff_hi=d.hi if d else math.nan, p_value=d.p if d else math.nan,
+                       n_pairs=d.n if d else 0, verdict=d.verdict if d else "")
         if table.target is not None:
             rec.update(target=table.target, time_to_target_mean=float(np.nanmean(cell["tta"]))
                        if not all(math.isnan(t) for t in cell["tta"]) else math.nan,
@@ -560,4 +728,4 @@ def clipped_windows(runs: Sequence[RunData], t_star: float, span: float | None =
 
 
 __all__ = ["Value", "PAPER_BASELINES", "REJECTED_MARK", "RunData", "Table", "find_runs", "read_run", "build_table", "join_t_stars",
-           "render", "caption", "clipped_windows"]
+           "render", "caption", "clipped_windows", "auto_t_star", "auto_note", "paired_text", "format_p"]

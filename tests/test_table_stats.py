@@ -1,0 +1,187 @@
+"""Seed-paired statistics and the stabilisation t* behind the protocol's verdicts
+(docs/protocol.md): hand-computed values, then `fedgmr table --paired-against` and
+`--t-star auto` on run directories written here.
+
+With two degrees of freedom Student's t has a closed form, F(t) = 1/2 + t / (2 sqrt(t² + 2)),
+so the 3-seed figures below are computed by hand, not by the library under test."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedgmr.cli import app
+from fedgmr.errors import ConfigError
+from fedgmr.experiment.stats import paired_difference, stabilisation_time, stable_from
+from fedgmr.experiment.table import auto_t_star, build_table, find_runs, read_run, render
+
+#: the two-sided 95 % quantile of t with 2 degrees of freedom: q / sqrt(q² + 2) = 0.95
+Q2 = math.sqrt(2 * 0.95 ** 2 / (1 - 0.95 ** 2))
+
+
+def test_paired_difference_three_seeds_by_hand():
+    d = paired_difference({0: 0.90, 1: 0.92, 2: 0.94}, {0: 0.88, 1: 0.91, 2: 0.90})
+    # differences 0.02, 0.01, 0.04: mean 0.07/3, sample sd sqrt(0.00046667/2)
+    mean = 0.07 / 3
+    sd = math.sqrt(((0.02 - mean) ** 2 + (0.01 - mean) ** 2 + (0.04 - mean) ** 2) / 2)
+    se = sd / math.sqrt(3)
+    t = mean / se  # t² = 7 exactly
+    assert t ** 2 == pytest.approx(7.0)
+    assert d.n == 3 and d.seeds == (0, 1, 2)
+    assert d.mean == pytest.approx(mean)
+    assert d.lo == pytest.approx(mean - Q2 * se) and d.hi == pytest.approx(mean + Q2 * se)
+    assert Q2 == pytest.approx(4.302653, abs=1e-6)
+    assert d.p == pytest.approx(1 - t / math.sqrt(t ** 2 + 2))  # = 1 - sqrt(7)/3 = 0.118...
+    assert d.p == pytest.approx(0.118083, abs=1e-6)
+    assert d.verdict == "level"  # the interval [-0.0146, +0.0613] holds 0
+
+
+def test_paired_difference_verdicts_follow_the_interval():
+    ahead = paired_difference({0: 0.9, 1: 0.91, 2: 0.92}, {0: 0.8, 1: 0.805, 2: 0.82})
+    assert ahead.lo > 0 and ahead.verdict == "ahead" and ahead.p < 0.05
+    behind = paired_difference({0: 0.8, 1: 0.805, 2: 0.82}, {0: 0.9, 1: 0.91, 2: 0.92})
+    assert behind.hi < 0 and behind.verdict == "behind"
+    assert behind.mean == pytest.approx(-ahead.mean) and behind.p == pytest.approx(ahead.p)
+
+
+def test_paired_difference_pairs_only_common_seeds_and_degenerate_cases():
+    d = paired_difference({0: 0.5, 1: 0.6, 3: 0.9}, {0: 0.4, 1: 0.4, 2: 0.1})
+    assert d.n == 2 and d.seeds == (0, 1) and d.mean == pytest.approx(0.15)
+    # with one degree of freedom: q = tan(pi * 0.475), p = 1 - 2 atan(t) / pi
+    se = math.sqrt(((0.1 - 0.15) ** 2 + (0.2 - 0.15) ** 2)) / math.sqrt(2)
+    assert d.hi - d.mean == pytest.approx(math.tan(math.pi * 0.475) * se)
+    assert d.p == pytest.approx(1 - 2 * math.atan(0.15 / se) / math.pi)
+    one = paired_difference({0: 0.5}, {0: 0.4, 1: 0.3})
+    assert one.n == 1 and one.mean == pytest.approx(0.1) and math.isnan(one.lo) and one.verdict == "n/a"
+    none = paired_difference({0: 0.5}, {1: 0.4})
+    assert none.n == 0 and math.isnan(none.mean) and none.verdict == "n/a"
+    same = paired_difference({0: 0.5, 1: 0.6}, {0: 0.4, 1: 0.5})  # every pair differs by 0.1
+    assert same.lo == same.hi == pytest.approx(0.1) and same.p == 0.0 and same.verdict == "ahead"
+    tie = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
+    assert tie.p == 1.0 and tie.verdict == "level"
+    nan = paired_difference({0: 0.5, 1: math.nan, 2: 0.7}, {0: 0.4, 1: 0.5, 2: 0.6})
+    assert nan.n == 2 and nan.seeds == (0, 2)
+
+
+def test_stable_from_and_stabilisation_time_by_hand():
+    assert stable_from([0.5, 0.8, 0.9, 0.91, 0.9], 0.02) == 2
+    assert stable_from([0.9, 0.9, 0.5, 0.9, 0.9], 0.02) == 3  # a dip resets it
+    assert stable_from([0.1, 0.2, 0.3, 0.4, 0.9], 0.02) == 5  # only the horizon itself: never
+    assert stable_from([0.1, 0.2, 0.3, 0.89, 0.9], 0.02) == 3
+    assert stable_from([0.9, math.nan, 0.9, 0.9], 0.02) == 2  # a NaN breaks the run
+    assert stable_from([0.9, 0.9, math.nan], 0.02) == 3  # no value at the horizon: never
+    grid = [0.0, 100.0, 200.0, 300.0, 400.0]
+    curves = {"a": [0.5, 0.8, 0.9, 0.91, 0.9], "b": [0.9, 0.9, 0.5, 0.9, 0.9], "c": [0.1, 0.2, 0.3, 0.4, 0.9]}
+    s = stabilisation_time(grid, curves, 0.02)
+    # stable from index 2, 3 and never: the second of three (a majority) at index 3
+    assert s.t_star == 300.0 and s.stable == 2 and s.total == 3 and s.horizon == 400.0 and s.start == 0.0
+    looser = stabilisation_time(grid, curves, 0.5)  # 0.5 of 0.9: a from 0, b from 0, c from 3
+    assert looser.t_star == 0.0 and looser.stable == 2
+    never = stabilisation_time(grid, {"a": [0.1, 0.2, 0.3, 0.4, math.nan], "b": [0.0] * 4 + [math.nan],
+                                      "c": [0.9] * 5}, 0.01)
+    assert never.t_star is None and never.stable == 1
+    with pytest.raises(ValueError):
+        stabilisation_time(grid, {"a": [0.1]}, 0.01)
+
+
+# ------------------------------------------------------------------ on run directories
+def _run(root: Path, method: str, seed: int, accs: list[float], het: str = "high") -> Path:
+    """A run evaluated every 10 s from 0 s, with accuracy ``accs[i]`` at time 10 i."""
+    d = root / f"{method}-{het}-{seed}"
+    d.mkdir(parents=True)
+    cfg = {"name": "t", "method": method, "seed": seed, "clients": {"heterogeneity": het},
+           "run": {"eval_interval": 10.0}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"time": 10.0 * i, "step": i, "accuracy": a} for i, a in enumerate(accs)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"method": method, "eval_interval": 10.0}))
+    return d
+
+
+@pytest.fixture
+def paired_runs(tmp_path: Path) -> Path:
+    # constant accuracies: Acc@t* is the value itself at every t*
+    for seed, (g, a, b) in enumerate(((0.90, 0.88, 0.80), (0.92, 0.91, 0.805), (0.94, 0.90, 0.82))):
+        _run(tmp_path, "fedgmr", seed, [g] * 60)
+        _run(tmp_path, "fedasync", seed, [a] * 60)
+        _run(tmp_path, "fedavg", seed, [b] * 60)
+    return tmp_path
+
+
+def test_table_pairs_each_row_with_the_reference_by_seed(paired_runs: Path):
+    runs = [read_run(p) for p in find_runs([paired_runs])]
+    t = build_table(runs, 300.0, paired_against="fedgmr")
+    assert t.paired_ref == ("fedgmr",)
+    ref = t.cells[(("fedgmr",), ())]
+    assert "paired" not in ref
+    d = t.cells[(("fedasync",), ())]["paired"]
+    assert d.mean == pytest.approx(0.07 / 3) and d.p == pytest.approx(1 - math.sqrt(7) / 3)
+    text = render(t, "md")
+    assert "Seed-paired differences against fedgmr: Δ = fedgmr − row, in points" in text
+    line = next(ln for ln in text.splitlines()[text.splitlines().index(""):] if ln.startswith("| fedasync")
+                and "[" in ln)
+    assert "+2.33 [-1.46, +6.13] p=0.118 level" in line
+    avg = next(ln for ln in text.splitlines() if ln.startswith("| fedavg") and "[" in ln)
+    assert "ahead" in avg
+    csv = render(t, "csv")
+    assert "paired_against" in csv.splitlines()[0] and ",level" in csv and ",ahead" in csv
+
+
+def test_paired_against_names_a_row_or_refuses_with_the_rows(paired_runs: Path):
+    runs = [read_run(p) for p in find_runs([paired_runs])]
+    with pytest.raises(ConfigError, match="no such row .*fedgmr; fedavg; fedasync"):
+        build_table(runs, 300.0, paired_against="fjord")
+
+
+def test_cli_paired_against_and_auto_t_star(tmp_path: Path):
+    # fedgmr climbs until 200 s and then holds; fedasync is flat; fedavg still climbs to the end:
+    # two of three cells are stable within 1 point from 200 s (fedgmr) and from the start (fedasync)
+    for seed in range(3):
+        _run(tmp_path, "fedgmr", seed, [min(0.5 + 0.02 * i, 0.9) + 0.01 * seed for i in range(60)])
+        _run(tmp_path, "fedasync", seed, [0.85 + 0.005 * seed] * 60)
+        _run(tmp_path, "fedavg", seed, [0.2 + 0.01 * i for i in range(60)])
+    runs = [read_run(p) for p in find_runs([tmp_path])]
+    found = auto_t_star(runs, tolerance=0.01)
+    # every window is whole from 0 + 10 x 10 s = 100 s to 590 + 10 - 100 = 500 s
+    assert found.start == 100.0 and found.horizon == 500.0
+    # fedgmr's Acc@t is the mean of 0.5 + 0.02 i (capped at 0.9) over the 20 grid points of
+    # [t - 100, t + 100), plus its seed's offset; recomputed here from that definition
+    fedgmr_curve = [sum(min(0.5 + 0.02 * i, 0.9) for i in range(int(t / 10) - 10, int(t / 10) + 10)) / 20
+                    for t in range(100, 510, 10)]
+    first = next(k for k in range(len(fedgmr_curve)) if all(abs(v - fedgmr_curve[-1]) <= 0.01 + 1e-12
+                                                             for v in fedgmr_curve[k:]))
+    assert found.t_star == 100.0 + 10 * first and found.stable == 2 and found.total == 3
+    result = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "100,auto", "--paired-against",
+                                      "fedgmr"])
+    assert result.exit_code == 0, result.output
+    assert f"t* = {found.t_star:,.0f} s (auto)" in result.output
+    assert f"t* = auto: {found.t_star:,.0f} s, the first grid time from which 2 of 3 cells" in result.output
+    assert "Seed-paired differences against fedgmr" in result.output
+    bad = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "auto", "--horizon", "900"])
+    assert bad.exit_code != 0 and "--horizon 900" in bad.output
+    never = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "auto", "--stable-tol", "0",
+                                     "--scan-from", "400", "--only", "method=fedavg"])
+    assert never.exit_code != 0 and "never stay within 0" in never.output
+    stray = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "100", "--horizon", "300"])
+    assert stray.exit_code != 0 and "belong to --t-star auto" in stray.output
+
+
+def test_auto_t_star_needs_a_whole_window_somewhere(tmp_path: Path):
+    for seed in range(2):
+        _run(tmp_path, "fedgmr", seed, [0.9] * 15)  # 0..140 s: no t has 100 s of records each side
+    runs = [read_run(p) for p in find_runs([tmp_path])]
+    with pytest.raises(ConfigError, match="no grid time has a whole Acc@t window"):
+        auto_t_star(runs)
+
+
+def test_wide_seed_spread_is_named_on_stderr(tmp_path: Path):
+    for seed, a in enumerate((0.80, 0.86, 0.83)):  # std 3 points with 3 seeds
+        _run(tmp_path, "fedgmr", seed, [a] * 40)
+    result = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "200"])
+    assert result.exit_code == 0
+    assert "1 cell(s) have a seed std above 2 points with fewer than 5 seeds" in result.output
