@@ -62,3 +62,55 @@ def test_pasted_table_is_what_fedgmr_table_prints(cmd: str, pasted: str):
                           cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == pasted.strip(), f"{cmd} now prints:\n{proc.stdout}"
+
+
+#: the visible label of a pasted table whose cells the repository does not hold
+UNKEPT = "**Not re-derivable from a clone:**"
+
+
+def pasted_tables_anywhere(text: str) -> list[tuple[str, bool]]:
+    """``(command, labelled)`` for every bash block ending in a ``fedgmr table`` line that is
+    followed (after blank lines only) by a plain output block; ``labelled``: the block is
+    preceded, within three lines, by the :data:`UNKEPT` label."""
+    blocks = list(re.finditer(r"^([ \t]*)```(\w*)\n(.*?)^\1```\n", text, flags=re.M | re.S))
+    found = []
+    for block, after in zip(blocks, blocks[1:]):
+        lines = block.group(3).strip().splitlines()
+        if block.group(2) != "bash" or not lines or not lines[-1].strip().startswith("fedgmr table "):
+            continue
+        if after.group(2) == "" and not text[block.end():after.start()].strip():
+            before = text[:block.start()].rstrip("\n").splitlines()[-3:]
+            found.append((lines[-1].strip(), any(UNKEPT in line for line in before)))
+    return found
+
+
+def _table_dirs(cmd: str) -> list[str]:
+    """The run or sweep directories a ``fedgmr table`` command reads (its positional arguments)."""
+    args = shlex.split(cmd)[2:]
+    dirs = []
+    for a in args:
+        if a.startswith("-"):
+            break
+        dirs.append(a)
+    return dirs
+
+
+def test_pasted_tables_anywhere_are_found_and_their_labels_read():
+    text = ("Intro.\n\n```bash\nfedgmr table runs/x --t-star 1\n```\n\n```\nOUT\n```\n\n"
+            f"{UNKEPT} the cells were not kept.\n\n```bash\nfedgmr table runs/y measured/z --t-star 1\n```\n\n"
+            "```\nOUT\n```\n")
+    assert pasted_tables_anywhere(text) == [("fedgmr table runs/x --t-star 1", False),
+                                            ("fedgmr table runs/y measured/z --t-star 1", True)]
+    assert _table_dirs("fedgmr table runs/y measured/z --t-star 1 --cols a") == ["runs/y", "measured/z"]
+
+
+def test_every_pasted_table_reads_cells_the_repository_holds():
+    """A table pasted with its output on any page reads directories kept in the repository
+    (measured/...), or says plainly above it that it cannot be re-derived from a clone."""
+    missing = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for cmd, labelled in pasted_tables_anywhere(doc.read_text(encoding="utf-8")):
+            absent = [d for d in _table_dirs(cmd) if not (REPO / d).is_dir()]
+            if absent and not labelled:
+                missing.append(f"{doc.relative_to(REPO)}: {cmd} (absent: {', '.join(absent)})")
+    assert not missing, "pasted tables read directories the repository does not hold:\n" + "\n".join(missing)
