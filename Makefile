@@ -34,7 +34,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --ignore=tests/distributed
 
 ## make repro-env: the pinned numeric stack of the measured tables (constraints/repro.txt) in .venv-repro;
-## reproduce a cell there with ATEN_CPU_CAPABILITY=avx2 (docs/protocol.md)
+## reproduce a cell there with the kernel limits of constraints/repro.env (docs/protocol.md)
 REPRO ?= .venv-repro
 repro-env:
 	@test -x $(REPRO)/bin/python || $(PYTHON) -m venv $(REPRO)
@@ -42,7 +42,7 @@ repro-env:
 	@$(REPRO)/bin/python -m pip install -q torch==2.13.0 -c constraints/repro.txt
 	@$(REPRO)/bin/python -m pip install -q -c constraints/repro.txt -e .
 	@$(REPRO)/bin/python -m pip check
-	@echo "pinned stack in $(REPRO): run cells with ATEN_CPU_CAPABILITY=avx2 $(REPRO)/bin/fedgmr ..."
+	@echo "pinned stack in $(REPRO): run cells as  set -a; . constraints/repro.env; set +a; $(REPRO)/bin/fedgmr ..."
 
 bench: $(STAMP)
 	$(PY) benchmarks/sim_overhead.py

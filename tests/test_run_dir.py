@@ -773,3 +773,19 @@ def test_the_summary_records_the_stack_that_computed_the_run(reference: Path, mo
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: (_ for _ in ()).throw(RuntimeError("no")))
     partial = env_module.environment("cpu")
     assert partial["cpu"] is None and partial["cpu_capability"] is None and partial["torch"] == torch.__version__
+
+
+def test_the_environment_records_the_kernel_limits_and_the_processors_isa(monkeypatch: pytest.MonkeyPatch):
+    """docs/protocol.md: ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS at
+    AVX2 make an AVX-512 CPU compute what an AVX2 one does; the record says which were set."""
+    from fedgmr.experiment import environment as env_module
+
+    for var in env_module.KERNEL_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    env = env_module.environment()
+    assert env["kernel_env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    expected = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else "avx" if " avx" in flags else None
+    assert env["cpu_isa"] == expected

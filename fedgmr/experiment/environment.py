@@ -9,6 +9,7 @@ decimal can be told apart from two that disagree.
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from pathlib import Path
@@ -26,9 +27,31 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+#: environment variables that pin the CPU kernels of PyTorch (ATen), oneDNN and MKL: with all
+#: three at AVX2 a CPU with AVX-512 computes bit for bit what an AVX2-only CPU does
+#: (constraints/repro.env, docs/protocol.md)
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+
+
+def _cpu_isa() -> str | None:
+    """The widest x86 vector extension the processor has (``avx512``, ``avx2``, ``avx``),
+    whatever the kernels were limited to; None where ``/proc/cpuinfo`` says nothing."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.lower().startswith("flags")), [])
+    for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx")):
+        if flag in flags:
+            return isa
+    return None
+
+
 def environment(device: str | None = None) -> dict[str, Any]:
-    """Versions, processor and torch's CPU kernel level (``cpu_capability``: ``AVX2``,
-    ``AVX512``, ...) of this process; ``device`` is the run's resolved device."""
+    """Versions, processor, its widest vector extension (``cpu_isa``), torch's CPU kernel
+    level (``cpu_capability``: ``AVX2``, ``AVX512``, ...) and the variables that limit the
+    kernels (``kernel_env``) of this process; ``device`` is the run's resolved device."""
     import numpy
     import torch
 
@@ -39,7 +62,8 @@ def environment(device: str | None = None) -> dict[str, Any]:
     record: dict[str, Any] = {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
         "platform": f"{sys.platform}-{platform.machine()}", "cpu": _cpu_model(), "cpu_capability": capability,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
+        "kernel_env": {k: os.environ[k] for k in KERNEL_VARIABLES if k in os.environ},
     }
     if device is not None:
         record["device"] = device
