@@ -727,6 +727,43 @@ def presets() -> None:
         typer.echo(name)
 
 
+data_app = typer.Typer(no_args_is_help=True, help="The public data sets the paper-table presets read: where "
+                       "they come from, and fetching them with checksums.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("list")
+def data_list() -> None:
+    """The data sets `fedgmr data fetch` knows, their source and where the presets look."""
+    from fedgmr.download import data_root, iter_sources, missing
+
+    root = data_root()
+    for src in iter_sources():
+        state = "missing" if missing(src.name, root / src.folder) else "present"
+        typer.echo(f"{src.name:14s} {state:8s} {root / src.folder}  {src.description} [{src.licence}]")
+
+
+@data_app.command("fetch")
+def data_fetch(
+    names: list[str] = typer.Argument(..., help="data sets: mnist, fashion_mnist, shakespeare"),
+    root: Optional[Path] = typer.Option(None, "--root", help="data root (default: $FEDGMR_DATA, else "
+                                        "../shared/data, where the presets look); each set goes in its folder"),
+    mirror: Optional[str] = typer.Option(None, "--mirror", help="base URL to fetch from instead of the "
+                                         "recorded source (the files keep their names)"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds without data before a download fails"),
+) -> None:
+    """Download, verify (SHA-256) and place data sets where the presets read them;
+    an interrupted download resumes on the next call."""
+    from fedgmr.download import fetch
+
+    try:
+        for name in names:
+            files = fetch(name, root, mirror, timeout, report=lambda line: typer.echo(line, err=True))
+            typer.echo(f"{name}: {len(files)} file(s) verified in {files[0].parent if files else root}")
+    except FedGMRError as exc:
+        _fail(exc)
+
+
 flower_app = typer.Typer(no_args_is_help=True, help="Set-up helpers for a secured Flower deployment (TLS + "
                          "SuperNode authentication).")
 app.add_typer(flower_app, name="flower")

@@ -58,8 +58,11 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
     if any("/path/to" in a or "$" in a or "[" in a and "=" not in a for a in args):
         pytest.skip("placeholder, shell variable or optional-argument syntax")
     sub = args[0]
-    if sub in ("methods", "presets", "config", "--version"):
+    if sub in ("methods", "presets", "config", "--version") or args[:2] == ["data", "list"]:
         check = args
+    elif args[:2] == ["data", "fetch"]:  # as written, from a server on 127.0.0.1 serving ../shared/data
+        _fetch_from_local_mirror(args, tmp_path)
+        return
     elif sub == "sweep":  # every cell resolves; nothing runs
         check = args + ([] if "--dry-run" in args else ["--dry-run"])
     elif sub == "table":  # exactly as written, on small run directories made where it names them
@@ -167,6 +170,29 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert "method:" in proc.stdout
     if sub == "--version":
         assert proc.stdout.startswith("fedgmr ")
+
+
+def _fetch_from_local_mirror(args: list[str], tmp_path: Path) -> None:
+    """Run a documented `fedgmr data fetch` as written, but with `--root` in tmp_path and
+    `--mirror` a server on 127.0.0.1 serving the shared copies (skips where they are absent)."""
+    from test_data_fetch import SHARED, _Server
+    from typer.testing import CliRunner
+
+    from fedgmr.cli import app
+    from fedgmr.download import SOURCES
+
+    names = _positional(args[2:])
+    for name in names:
+        if name not in SOURCES or name == "shakespeare" or not (SHARED / SOURCES[name].folder).is_dir():
+            pytest.skip(f"no local copy of {name} to serve (tests/test_data_fetch.py covers the download)")
+    options = [a for i, a in enumerate(args[2:], 2) if a not in names and a not in ("--root", "--mirror")
+               and args[i - 1] not in ("--root", "--mirror")]
+    for name in names:  # one mirror per data set: their files share names
+        served = {p.name: p.read_bytes() for p in (SHARED / SOURCES[name].folder).glob("*.gz")}
+        with _Server(served) as server:
+            result = CliRunner().invoke(app, ["data", "fetch", name, *options, "--root", str(tmp_path),
+                                              "--mirror", server.url])
+        assert result.exit_code == 0, result.output
 
 
 #: options that take no value
