@@ -9,18 +9,16 @@ lost after the table was pasted, fail here.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "reproduction.md"
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def pasted_tables(text: str) -> list[tuple[str, str]]:
@@ -58,8 +56,7 @@ def test_pasted_tables_are_found_only_after_their_command():
 @pytest.mark.parametrize("cmd,pasted", TABLES, ids=[c for c, _ in TABLES])
 def test_pasted_table_is_what_fedgmr_table_prints(cmd: str, pasted: str):
     args = shlex.split(cmd)[1:]
-    proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
-                          cwd=REPO, timeout=600)
+    proc = run_cli(args, REPO)  # in-process: the same command, without a PyTorch start-up per table
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == pasted.strip(), f"{cmd} now prints:\n{proc.stdout}"
 
