@@ -407,6 +407,12 @@ class AggregationConfig(_Section):
         denominator is floored at this share of the total weight, so a coordinate that
         clients holding less of the weight cover shrinks toward zero as under FA (0: MA;
         1: FA on covered coordinates). Needs ``rule: ma``.
+    trim: ``rule: trimmed_mean``: the share of the covering clients' values cut at each end
+        of every coordinate (``floor(trim * k)`` of ``k``).
+    krum_byzantine: ``rule: krum``: the number ``f`` of faulty clients assumed; each
+        update is scored on its ``n - f - 2`` nearest others.
+    krum_select: ``rule: krum``: how many of the best-scored updates are averaged (MA);
+        default ``n - f`` (Multi-Krum), 1 for Krum.
     """
 
     rule: str = "ma"
@@ -420,6 +426,9 @@ class AggregationConfig(_Section):
     max_update_norm: float | None = Field(None, gt=0)
     update_norm_multiple: float | None = Field(None, gt=0)
     coverage_floor: float | None = Field(None, ge=0, le=1)
+    trim: float = Field(0.1, ge=0, lt=0.5)
+    krum_byzantine: int = Field(1, ge=0)
+    krum_select: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _floor_needs_ma(self) -> "AggregationConfig":

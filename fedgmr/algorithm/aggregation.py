@@ -184,6 +184,132 @@ def fiarse_rule(server_lr: float = 1.0) -> "AggregationRule":
                            lambda prev, ups, ws: nonzero_delta_average(prev, ups, ws, server_lr))
 
 
+# ---------------------------------------------------------------------- robust rules
+def _stacked(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
+    """The updates with a positive weight as rows of an ``(n, N)`` matrix, NaN where a
+    client's mask does not cover a coordinate (float64 up to 2**20 coordinates)."""
+    dtype = torch.float64 if previous.numel() <= (1 << 20) else torch.float32
+    rows = [(mask, values) for (mask, values), w in zip(updates, weights) if w > 0]
+    out = torch.full((len(rows), previous.numel()), float("nan"), dtype=dtype, device=previous.device)
+    for i, (mask, values) in enumerate(rows):
+        out[i, mask] = values.to(dtype)
+    return out
+
+
+def _sorted_covered(previous: torch.Tensor, updates: Sequence[Update],
+                    weights: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each coordinate's covering values sorted ascending (NaN, the uncovered, last) and
+    how many clients cover it."""
+    stack = _stacked(previous, updates, weights)
+    count = (~torch.isnan(stack)).sum(0)
+    return torch.sort(stack, dim=0).values, count  # torch.sort puts NaN last
+
+
+def coordinate_median(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
+    """Coordinate-wise median (Yin et al., 2018) under masks: each coordinate is the median
+    of the values of the clients whose mask covers it (the mean of the two middle ones for
+    an even count); a coordinate nobody covers keeps its previous value. Weights only
+    select (an update of weight 0 takes no part): the median is unweighted."""
+    _check(previous, updates, weights)
+    values, count = _sorted_covered(previous, updates, weights)
+    out = previous.clone()
+    covered = count > 0
+    if not covered.any():
+        return out
+    lo = ((count - 1).clamp(min=0) // 2).unsqueeze(0)
+    hi = (count // 2).clamp(max=max(values.shape[0] - 1, 0)).unsqueeze(0)
+    median = (values.gather(0, lo) + values.gather(0, hi)).squeeze(0) / 2
+    out[covered] = median[covered].to(previous.dtype)
+    return out
+
+
+def trimmed_mean(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float],
+                 trim: float = 0.1) -> torch.Tensor:
+    """Coordinate-wise trimmed mean (Yin et al., 2018) under masks: of the ``k`` clients
+    covering a coordinate, the ``floor(trim * k)`` largest and as many smallest values are
+    left out and the rest averaged; a coordinate nobody covers keeps its previous value.
+    Unweighted, like :func:`coordinate_median`."""
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    _check(previous, updates, weights)
+    values, count = _sorted_covered(previous, updates, weights)
+    out = previous.clone()
+    covered = count > 0
+    if not covered.any():
+        return out
+    cut = torch.floor(trim * count.to(torch.float64)).to(torch.long)
+    rank = torch.arange(values.shape[0], device=values.device).unsqueeze(1)
+    keep = (rank >= cut) & (rank < count - cut)  # inside [cut, count - cut) of the sorted covering values
+    total = torch.where(keep, values, torch.zeros_like(values)).sum(0)
+    mean = total / (count - 2 * cut).clamp(min=1)
+    out[covered] = mean[covered].to(previous.dtype)
+    return out
+
+
+def krum_scores(updates: Sequence[Update], byzantine: int) -> list[float]:
+    """Krum's score of each update (Blanchard et al., 2017) under masks: the sum of its
+    squared distances to its ``n - f - 2`` nearest others (at least 1), a distance being
+    the mean squared difference over the coordinates both masks cover (so pairs with
+    different overlaps compare); two updates with no coordinate in common are infinitely
+    far apart."""
+    n = len(updates)
+    if n == 0:
+        return []
+    dense_rows, masks = [], []
+    for mask, values in updates:
+        dense_rows.append(dense(mask, values.to(torch.float64)))
+        masks.append(mask)
+    dist = torch.full((n, n), float("inf"), dtype=torch.float64)
+    for i in range(n):
+        dist[i, i] = 0.0
+        for j in range(i + 1, n):
+            both = masks[i] & masks[j]
+            k = int(both.sum())
+            if k:
+                d = float(((dense_rows[i] - dense_rows[j])[both] ** 2).sum()) / k
+                dist[i, j] = dist[j, i] = d
+    neighbours = max(n - byzantine - 2, 1)
+    scores = []
+    for i in range(n):
+        others = torch.cat([dist[i, :i], dist[i, i + 1:]])
+        scores.append(float(torch.sort(others).values[:neighbours].sum()) if others.numel() else 0.0)
+    return scores
+
+
+def krum(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float], byzantine: int = 1,
+         select: int | None = None) -> torch.Tensor:
+    """(Multi-)Krum under masks: the ``select`` updates with the lowest
+    :func:`krum_scores` (default ``n - f``, at least 1; ``select=1`` is Krum) are kept and
+    combined by mask-aware averaging with their weights; the others take no part (ties:
+    the earlier update first)."""
+    if byzantine < 0:
+        raise ValueError(f"the number of Byzantine clients must be >= 0, got {byzantine}")
+    if select is not None and select < 1:
+        raise ValueError(f"krum selects at least one update, got {select}")
+    _check(previous, updates, weights)
+    live = [(u, w) for u, w in zip(updates, weights) if w > 0]
+    if not live:
+        return previous.clone()
+    scores = krum_scores([u for u, _ in live], byzantine)
+    m = min(len(live), select if select is not None else max(len(live) - byzantine, 1))
+    chosen = sorted(range(len(live)), key=lambda i: (scores[i], i))[:m]
+    return mask_aware_average(previous, [live[i][0] for i in chosen], [live[i][1] for i in chosen])
+
+
+def trimmed_mean_rule(trim: float) -> "AggregationRule":
+    """:func:`trimmed_mean` with its trimmed share as a rule (``aggregation.trim``)."""
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"aggregation.trim must be in [0, 0.5), got {trim}")
+    return AggregationRule("trimmed_mean", "model", functools.partial(trimmed_mean, trim=trim))
+
+
+def krum_rule(byzantine: int, select: int | None = None) -> "AggregationRule":
+    """:func:`krum` with its assumed Byzantine count and selection size as a rule."""
+    if byzantine < 0 or (select is not None and select < 1):
+        raise ValueError(f"krum needs byzantine >= 0 and select >= 1, got {byzantine}, {select}")
+    return AggregationRule("krum", "model", functools.partial(krum, byzantine=byzantine, select=select))
+
+
 def coverage_counts(masks: Sequence[torch.Tensor]) -> torch.Tensor:
     """Gamma(n) = number of masks holding coordinate n (shared mask objects counted once
     and multiplied, so clients on one level cost one pass)."""
@@ -236,3 +362,8 @@ RULES.register("ga_delta", AggregationRule("ga_delta", "delta", delta_average))
 RULES.register("fa", AggregationRule("fa", "model", zero_padded_average))
 RULES.register("fedasync", AggregationRule("fedasync", "model", fedasync_mix, sequential=True))
 RULES.register("fiarse", fiarse_rule(1.0))
+# robust rules (docs/reference.md §4.2): with their default options; aggregation.trim,
+# aggregation.krum_byzantine and aggregation.krum_select set them in a config
+RULES.register("median", AggregationRule("median", "model", coordinate_median))
+RULES.register("trimmed_mean", trimmed_mean_rule(0.1))
+RULES.register("krum", krum_rule(1))

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedgmr.algorithm.aggregation import RULES, floored_ma_rule
+from fedgmr.algorithm.aggregation import RULES, floored_ma_rule, krum_rule, trimmed_mean_rule
 from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.algorithm.masks import compute_costs, explicit_costs, flops_per_weight, layer_costs
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
@@ -70,6 +70,12 @@ class Experiment:
     strategy: MaskedBufferedStrategy
     simulator: Simulator
     executor: Executor
+
+#: rules whose options are config keys: the rule built from the aggregation section
+_RULE_OPTIONS: dict[str, Any] = {
+    "trimmed_mean": lambda agg: trimmed_mean_rule(agg.trim),
+    "krum": lambda agg: krum_rule(agg.krum_byzantine, agg.krum_select),
+}
 
 
 def bound_client_method(cfg: ExperimentConfig, data: FederatedData) -> Any:
@@ -283,6 +289,8 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
             ladder = baseline.ladder(ladder)
     agg = cfg.aggregation
     rule = RULES.get(agg.rule) if agg.coverage_floor is None else floored_ma_rule(agg.coverage_floor)
+    if agg.rule in _RULE_OPTIONS:
+        rule = _RULE_OPTIONS[agg.rule](agg)
     if baseline is not None and baseline.rule is not None:
         rule = baseline.rule
     if baseline is not None and baseline.trainer is not None \
