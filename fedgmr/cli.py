@@ -99,9 +99,9 @@ def resolve(config: str, overrides: list[str]):
 @app.command()
 def run(
     config: Optional[str] = typer.Argument(None, help="config file (YAML/TOML) or preset name"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="run directory to write"),
+    out_arg: Optional[str] = typer.Option(None, "--out", "-o", help="run directory to write"),
     set_: list[str] = typer.Option([], "--set", "-s", help="override a key: --set training.lr=0.1"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the interrupted run in this directory "
+    resume_arg: Optional[str] = typer.Option(None, "--resume", help="continue the interrupted run in this directory "
                                           "from its last checkpoint, with its saved config (no CONFIG, --set, --out)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only the files "
                                    "fedgmr wrote, checkpoint included)"),
@@ -120,8 +120,15 @@ def run(
 
     _import_user_code(imports)
     cfg = None
+    # "" would be the current directory: refused rather than run into it
+    out = Path(out_arg) if out_arg else None
+    resume = Path(resume_arg) if resume_arg else None
     target = resume if resume is not None else out
     try:
+        empty = next((flag for flag, v in (("--out", out_arg), ("--resume", resume_arg)) if v is not None
+                      and not v.strip()), None)
+        if empty:
+            raise ConfigError(f"{empty} is empty: name the run directory (use {empty} . for this one)")
         if resume is not None:
             # the one thing a resume may change is where it computes (--set run.device=cpu)
             device_sets = [s for s in set_ if s.split("=", 1)[0].strip() == "run.device"]
@@ -406,7 +413,7 @@ def show_config(
 @app.command()
 def sweep(
     sweep_file: Path = typer.Argument(..., help="sweep file (YAML): base config, overrides and a grid of keys"),
-    out: Path = typer.Option(..., "--out", "-o", help="sweep directory: one run directory per cell + sweep.json"),
+    out_arg: str = typer.Option(..., "--out", "-o", help="sweep directory: one run directory per cell + sweep.json"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="cells run at once (default: CPU cores)"),
     executor: str = typer.Option("local", "--executor", help="local (processes) or ray (cells as Ray tasks)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (default: the "
@@ -419,20 +426,26 @@ def sweep(
     only: list[str] = typer.Option([], "--only", help="run part of the grid: the cells with one of these values "
                                    "on an axis, as in the cell names (--only heterogeneity=high --only seed=0,1); "
                                    "repeatable; the cells keep their names, so a later full pass skips them"),
+    max_cells: int = typer.Option(10_000, "--max-cells", min=1, help="refuse a grid of more cells than this, "
+                                  "counted before any cell is made (a typo'd axis can make millions)"),
 ) -> None:
     """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
     from fedgmr.experiment.interrupt import sigterm_as_interrupt
-    from fedgmr.experiment.sweep import (_cell_state, expand, import_sweep_code, load_sweep, parse_only,
-                                         resolve_cells, run_sweep, select)
+    from fedgmr.experiment.sweep import (_cell_state, check_out, expand, import_sweep_code, load_sweep,
+                                         parse_only, resolve_cells, run_sweep, select)
 
+    out = Path(out_arg)
     try:
+        if not out_arg.strip():
+            raise ConfigError("--out is empty: name the sweep directory")
         if executor not in ("local", "ray"):
             raise ConfigError(f"--executor must be local or ray, got '{executor}'")
         spec, root = load_sweep(sweep_file, overrides=set_, imports=imports)
         chosen = parse_only(only)
         import_sweep_code(spec, root)
         if dry_run:
-            cells = select(expand(spec, root), chosen)
+            check_out(out)
+            cells = select(expand(spec, root, max_cells), chosen)
             resolve_cells(cells)
             for cell in cells:
                 state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
@@ -442,7 +455,8 @@ def sweep(
         display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
         with display, sigterm_as_interrupt():  # `kill`, SLURM's scancel: stop as Ctrl-C does
             outcome = run_sweep(spec, Path(sweep_file), root, out, jobs=jobs, executor=executor,  # type: ignore
-                                ray_address=ray_address, on_event=display.event, only=chosen)
+                                ray_address=ray_address, on_event=display.event, only=chosen,
+                                max_cells=max_cells)
     except FedGMRError as exc:
         _fail(exc)
         return
@@ -812,6 +826,19 @@ def flower_keys(
         _fail(exc)
 
 
+def _check_keys_folder(directory: Path, nodes: int) -> None:
+    """Refuse to print commands for a folder that does not hold what `fedgmr flower keys`
+    writes (the CA certificate, the server certificate, a public key per node)."""
+    if not directory.is_dir():
+        what = "is a file" if directory.exists() else "does not exist"
+        raise ConfigError(f"{directory} {what}: name the folder `fedgmr flower keys` wrote")
+    missing = [name for name in ("ca.crt", "server.pem", *(f"node-{i}.pub" for i in range(nodes)))
+               if not (directory / name).is_file()]
+    if missing:
+        raise ConfigError(f"{directory} lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}: not a "
+                          f"folder `fedgmr flower keys --nodes {nodes}` wrote (or --nodes is more than it made)")
+
+
 @flower_app.command("commands")
 def flower_commands(
     directory: Path = typer.Argument(..., help="the folder `fedgmr flower keys` wrote"),
@@ -824,6 +851,7 @@ def flower_commands(
 ) -> None:
     """Print the flower-superlink / flower-supernode / flwr lines for the keys in DIRECTORY."""
     try:
+        _check_keys_folder(directory, nodes)
         _print_deployment(directory, nodes, superlink, connection, app_dir, warm_config)
     except FedGMRError as exc:
         _fail(exc)
@@ -856,8 +884,16 @@ def flower_superexec(
     wlog.setLevel(logging.INFO)
     wlog.addHandler(handler)
     wlog.propagate = False
-    secret = auth_secret_file.read_bytes() if auth_secret_file is not None else None
     try:
+        secret = None
+        if auth_secret_file is not None:
+            try:
+                secret = auth_secret_file.read_bytes()
+            except OSError as exc:
+                raise ConfigError(f"cannot read --superexec-auth-secret-file {auth_secret_file}: "
+                                  f"{exc.strerror or exc}") from None
+            if not secret.strip():
+                raise ConfigError(f"--superexec-auth-secret-file {auth_secret_file} is empty")
         run_warm_superexec(runtime_api_address, insecure, root_certificates, warm_config, seed, poll_interval,
                            parent_pid, secret)
     except FedGMRError as exc:

@@ -35,6 +35,17 @@ MAX_TORCH_THREADS = 1024
 #: the run is built: fedgmr.device.resolve_device)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEVICE_FORMS = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
+#: the largest device index torch represents (an 8-bit index: ``cuda:128`` wraps to -128)
+MAX_DEVICE_INDEX = 127
+
+
+def device_index_error(spec: str) -> str | None:
+    """Why a well-formed ``cuda:N`` cannot name any device (N above torch's range); None if it can."""
+    _, sep, index = spec.partition(":")
+    if sep and index.isdigit() and int(index) > MAX_DEVICE_INDEX:
+        return (f"device index {index[:30]} is out of range: torch numbers devices 0 to {MAX_DEVICE_INDEX} "
+                f"(e.g. cuda:0)")
+    return None
 
 
 def _holds_bool(value: Any) -> bool:
@@ -574,6 +585,22 @@ class RunConfig(_Section):
             raise ValueError("names a logger twice")
         return v
 
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _tracking_uri(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition(":")
+        well_formed = bool(v.strip()) and v == v.strip() and not any(c in v for c in "\r\n\t\0")
+        if sep and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+            well_formed = False
+        if sep and scheme.lower() in ("http", "https") and not re.match(r"//[^/\s]+", rest):
+            well_formed = False  # http:, https: need a host
+        if not well_formed:
+            raise ValueError("must be an MLflow tracking URI (http://HOST:PORT, https://..., file:///path, "
+                             "sqlite:///path.db, databricks, ...) or a folder path")
+        return v
+
     @field_validator("max_time", mode="before")
     @classmethod
     def _finite_end(cls, v: Any) -> Any:
@@ -587,6 +614,9 @@ class RunConfig(_Section):
     def _device(cls, v: str) -> str:
         if not DEVICE_PATTERN.fullmatch(v):
             raise ValueError(f"must be {DEVICE_FORMS}")
+        why = device_index_error(v)
+        if why:
+            raise ValueError(why)
         return v
 
     @model_validator(mode="after")
@@ -716,6 +746,16 @@ class ExperimentConfig(_Section):
         _check_distill(self)
         _check_clustering(self)
         n = self.clients.num_clients
+        conc = self.clients.concurrency
+        if conc is not None and conc > n:
+            raise ValueError(f"clients.concurrency {conc} is more than the {n} clients (clients.num_clients): at "
+                             f"most {n} can train at once; set it at most {n}, or null for all")
+        coord = self.coordination
+        if coord.mode == "semi_async" and coord.trigger == "k" and coord.k > (conc or n):
+            what = f"{conc} clients training at once (clients.concurrency)" if conc else \
+                f"{n} clients (clients.num_clients)"
+            raise ValueError(f"coordination.k {coord.k} is more than the {what}: a step could never gather "
+                             f"{coord.k} updates; set it at most {conc or n}")
         tiers = self.clients.heterogeneity
         if isinstance(tiers, list) and len(tiers) != n:
             raise ValueError(f"clients.heterogeneity lists {len(tiers)} densities for {n} clients "

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from fedgmr.config import DEVICE_FORMS, DEVICE_PATTERN
+from fedgmr.config import DEVICE_FORMS, DEVICE_PATTERN, device_index_error
 from fedgmr.errors import ConfigError
 
 
@@ -45,6 +45,9 @@ def resolve_device(spec: str | torch.device) -> torch.device:
     check = DEVICE_PATTERN.fullmatch(spec) if isinstance(spec, str) else None
     if check is None:
         raise ConfigError(f"invalid value for 'run.device': must be {DEVICE_FORMS} (got {spec!r})")
+    why = device_index_error(spec)
+    if why:
+        raise ConfigError(f"invalid value for 'run.device': {why} (got {spec[:40]!r})")
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(spec)

@@ -84,6 +84,8 @@ def import_code(spec: str, base: str | Path | None = None) -> ModuleType:
         raise PluginError(_failure(spec, exc)) from exc
     except Exception as exc:  # noqa: BLE001 - any error in the user's module is reported, in one line
         raise PluginError(_failure(spec, exc)) from exc
+    except SystemExit as exc:  # sys.exit() at import: the command would end having done nothing
+        raise PluginError(f"cannot import '{spec}': it called sys.exit({exc.code!r}) while being imported") from None
 
 
 def import_all(specs: Iterable[str], base: str | Path | None = None) -> list[ModuleType]:
@@ -173,6 +175,8 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> str | None:
             obj()
     except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
         return _failure(ep.value, exc).removeprefix(f"cannot import '{ep.value}': ")
+    except SystemExit as exc:
+        return f"it called sys.exit({exc.code!r}) while being loaded"
     return None
 
 

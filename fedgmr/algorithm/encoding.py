@@ -326,6 +326,8 @@ def encode_sparse(mask: torch.Tensor, values: torch.Tensor, send_mask: bool = Tr
 def sparse_header(data: bytes) -> tuple[int, int, bool]:
     """(N, k, whether a mask code follows) of a sparse payload; InvalidUpdateError when
     the header is malformed."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidUpdateError(f"payload must be bytes, not {type(data).__name__}")
     if len(data) < HEADER_BYTES:
         raise InvalidUpdateError("payload shorter than its header")
     magic, version, flags, n, k = _HEADER.unpack_from(data)

@@ -20,7 +20,6 @@ different run.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from fedgmr.errors import RunDirError
-from fedgmr.experiment.rundir import CHECKPOINT_DIR, fsync_dir, fsync_file, sha256_bytes, writing
+from fedgmr.experiment.rundir import (CHECKPOINT_DIR, SMALL_FILE_BYTES, create_new, fsync_dir, fsync_file,
+                                      read_run_file, refuse_link, remove_entry, sha256_bytes, writing)
 
 STATE_JSON = "state.json"
 STATE_TENSORS = "state.safetensors"
@@ -38,7 +38,7 @@ FORMAT = 2
 
 
 def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    with create_new(path) as fh:  # a new file, never through a link
         fh.write(data)
         fsync_file(fh)
 
@@ -56,19 +56,21 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], tensors: dict[st
     manifest = {"format": FORMAT, "step": state.get("step"),
                 "files": {STATE_TENSORS: {"bytes": len(blob), "sha256": sha256_bytes(blob)},
                           STATE_JSON: {"bytes": len(text), "sha256": sha256_bytes(text)}}}
+    for path in (final, tmp, old):  # a link planted at one of these names is refused, never followed
+        refuse_link(path)
     with writing(run_dir):
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        remove_entry(tmp)
+        tmp.mkdir()
         _write(tmp / STATE_TENSORS, blob)
         _write(tmp / STATE_JSON, text)
         _write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))  # last: marks it complete
         fsync_dir(tmp)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_entry(old)
         if final.exists():
             final.rename(old)
         tmp.rename(final)
         fsync_dir(run_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_entry(old)
     return final
 
 
@@ -92,14 +94,13 @@ def checkpoint_path(run_dir: str | Path) -> Path | None:
 
 def _read_verified(path: Path, name: str, entry: Any) -> bytes:
     file = path / name
-    if not isinstance(entry, dict) or not {"bytes", "sha256"} <= set(entry):
+    if not isinstance(entry, dict) or not {"bytes", "sha256"} <= set(entry) \
+            or not isinstance(entry["bytes"], int) or entry["bytes"] < 0:
         raise RunDirError(f"{path / MANIFEST} is damaged: no checksum for {name}")
-    try:
-        data = file.read_bytes()
+    try:  # a regular file of the size the manifest gives: a FIFO or a link to /dev/zero is refused
+        data = read_run_file(file, entry["bytes"] + 1, prefix=True)
     except FileNotFoundError:
         raise RunDirError(f"{file} is missing: the checkpoint is incomplete") from None
-    except OSError as exc:
-        raise RunDirError(f"cannot read {file}: {exc.strerror}") from None
     if len(data) != entry["bytes"] or sha256_bytes(data) != entry["sha256"]:
         raise RunDirError(f"{file} is damaged: its checksum does not match {MANIFEST}")
     return data
@@ -113,7 +114,7 @@ def load_checkpoint(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, torc
         raise RunDirError(f"{run_dir} has no checkpoint to resume from (the run stopped before its first "
                           f"checkpoint, or checkpoints were off); start it again with --overwrite")
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads(read_run_file(path / MANIFEST, SMALL_FILE_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise RunDirError(f"{path / MANIFEST} is missing: the checkpoint is damaged or from an older "
                           f"fedgmr") from None

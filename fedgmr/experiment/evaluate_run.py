@@ -19,13 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fedgmr.errors import RunDirError
+from fedgmr.config import read_config_file
+from fedgmr.errors import ConfigError, RunDirError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, tensors_under
 from fedgmr.experiment.diagnostics import masked_level_accuracy
-from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE
+from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE, config_digest
 
 
 @dataclass
@@ -62,6 +61,21 @@ def level_labels(densities: Sequence[float]) -> list[str]:
     return [f"@{d!r}" for d in densities]
 
 
+def _summary_steps(path: Path) -> int | None:
+    """The ``steps`` of a run's summary; None when there is no summary. A summary that
+    cannot be read (truncated, not JSON, no ``steps``) is a one-line RunDirError."""
+    if not path.exists():
+        return None
+    try:
+        steps = json.loads(path.read_text(encoding="utf-8")).get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise ValueError("no steps")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        raise RunDirError(f"{path} is damaged (truncated or not a run summary): restore it, or remove it to "
+                          f"evaluate the checkpoint as an unfinished run") from None
+    return steps
+
+
 def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
     """Evaluate the global model of ``run_dir``'s checkpoint (see the module docstring).
 
@@ -74,10 +88,23 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
     if checkpoint_path(out) is None:
         raise RunDirError(f"{out} has no checkpoint to evaluate (the run had run.checkpoint_every and "
                           f"run.checkpoint_seconds null)")
-    raw = yaml.safe_load((out / CONFIG_FILE).read_text())
-    raw.setdefault("run", {})["executor"] = "serial"  # evaluation trains nothing: no worker pool or Ray
-    cfg = resolve_config(raw)
+    config_path = out / CONFIG_FILE
+    try:
+        raw = read_config_file(config_path)
+    except ConfigError as exc:
+        raise RunDirError(f"{out} cannot be evaluated: {exc}") from None
+    if not raw:
+        raise RunDirError(f"{config_path} is empty: not the config of a run")
     state, tensors = load_checkpoint(out)
+    if config_digest(raw) != state.get("config_sha256"):
+        raise RunDirError(f"{config_path} was changed after the checkpoint was written (it does not match the "
+                          f"checkpoint's config hash): the evaluation would rebuild another experiment than the "
+                          f"one trained; restore it")
+    raw.setdefault("run", {})["executor"] = "serial"  # evaluation trains nothing: no worker pool or Ray
+    try:
+        cfg = resolve_config(raw)
+    except ConfigError as exc:
+        raise RunDirError(f"{config_path}: {exc}") from None
     exp = build_experiment(cfg)
     try:
         try:
@@ -101,8 +128,7 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
         per_level = masked_level_accuracy(params, buffers, [strategy.policy.mask(i) for i in range(len(ladder))],
                                           lambda p, b: evaluate(p, b, "test")[0])
         sim = state.get("simulator", {})
-        summary = out / SUMMARY_FILE
-        final = summary.is_file() and int(json.loads(summary.read_text()).get("steps", -1)) == step
+        final = _summary_steps(out / SUMMARY_FILE) == step
         return RunEvaluation(str(out), step, float(sim.get("now", 0.0)), final, float(acc), float(loss),
                              [float(d) for d in ladder], [float(a) for a in per_level])
     finally:

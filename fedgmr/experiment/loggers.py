@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 #: a run directory's record of its loggers' identities (MLflow run id, W&B run id), so a
 #: resume continues the same tracker run
 STATE_FILE = "loggers.json"
-#: what the loggers write into a run directory (``--overwrite`` removes them)
+#: every name the built-in loggers may write into a run directory; a run claims (and
+#: ``--overwrite`` removes) only those of the loggers it had (:meth:`RunLogger.entries`)
 LOGGER_ENTRIES: tuple[str, ...] = (STATE_FILE, f".{STATE_FILE}.tmp", "tensorboard", "mlruns", "wandb")
 
 #: list keys whose entries are named by another key of the same record
@@ -102,9 +103,11 @@ def _step(record: dict[str, Any], index: int) -> int:
 
 
 def _read_state(out: Path) -> dict[str, Any]:
+    from fedgmr.experiment.rundir import read_run_file
+
     try:
-        state = json.loads((out / STATE_FILE).read_text())
-    except (OSError, ValueError):
+        state = json.loads(read_run_file(out / STATE_FILE, follow=False))
+    except (OSError, ValueError, FedGMRError):
         return {}
     return state if isinstance(state, dict) else {}
 
@@ -140,6 +143,12 @@ class RunLogger:
             raise ConfigError(f"run.loggers: {name} needs the {cls.module} package: "
                               f"pip install 'fedgmr[{cls.extra or name}]'")
 
+    def entries(self) -> tuple[str, ...]:
+        """The names this logger writes in the run directory (files or folders): the run
+        records them as its own before it starts, refuses to start when one of them exists
+        and is not a run's, and ``--overwrite`` removes them. Default: none."""
+        return ()
+
     def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
         raise NotImplementedError
 
@@ -165,6 +174,9 @@ class TensorBoardLogger(RunLogger):
     shows exactly ``metrics.jsonl``, whatever the interrupted process had flushed."""
 
     module, extra = "tensorboard", "tensorboard"
+
+    def entries(self) -> tuple[str, ...]:
+        return ("tensorboard",)
 
     def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -227,6 +239,10 @@ class MLflowLogger(RunLogger):
     def uri(self) -> str:
         return (self.cfg.run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
                 or f"file:{(self.out / 'mlruns').resolve()}")
+
+    def entries(self) -> tuple[str, ...]:
+        local = not (self.cfg.run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        return (STATE_FILE, f".{STATE_FILE}.tmp") + (("mlruns",) if local else ())
 
     def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
         uri = self.uri()
@@ -309,6 +325,9 @@ class WandbLogger(RunLogger):
 
     module, extra = "wandb", "wandb"
 
+    def entries(self) -> tuple[str, ...]:
+        return (STATE_FILE, f".{STATE_FILE}.tmp", "wandb")
+
     def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
         import wandb
 
@@ -361,6 +380,10 @@ class RunLoggers:
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
+
+    def entries(self) -> set[str]:
+        """The names the loggers write in the run directory (:meth:`RunLogger.entries`)."""
+        return {name for logger in self.loggers for name in logger.entries()}
 
     def open(self, resume: bool, kept: Callable[[], Sequence[dict[str, Any]]]) -> None:
         """Open every logger (``kept``: the records a resumed run keeps, read only when a

@@ -216,13 +216,16 @@ def time_to_accuracy(times: Sequence[float], accs: Sequence[float], target: floa
     return next((t for t, a in zip(times, accs) if a >= target), math.nan)
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, limit: int | None = None) -> str:
+    """A run-directory file as text, through the one safe reader
+    (:func:`fedgmr.experiment.rundir.read_run_file`): a regular file of bounded size; a
+    FIFO, a link to a device or a huge file is a one-line ``RunDirError``, never a hang."""
+    from fedgmr.experiment.rundir import SMALL_FILE_BYTES, read_run_text
+
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RunDirError(f"{path} is damaged: not UTF-8 text") from None
-    except OSError as exc:
-        raise RunDirError(f"cannot read {path}: {exc.strerror or exc}") from None
+        return read_run_text(path, SMALL_FILE_BYTES if limit is None else limit)
+    except FileNotFoundError:
+        raise RunDirError(f"cannot read {path}: no such file") from None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -235,8 +238,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = directory / "metrics.jsonl"
     if not path.exists():
         raise RunDirError(f"{directory} has no metrics.jsonl (is it a fedgmr run directory?)")
+    from fedgmr.experiment.rundir import MAX_FILE_BYTES
+
     rows = []
-    for n, line in enumerate(_read_text(path).splitlines(), 1):
+    for n, line in enumerate(_read_text(path, MAX_FILE_BYTES).splitlines(), 1):
         if line.strip():
             try:
                 row = json.loads(line)
@@ -392,8 +397,8 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:
     import yaml
 
     try:
-        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
+        cfg = yaml.safe_load(_read_text(Path(run_dir) / "config.yaml"))
+    except (OSError, ValueError, yaml.YAMLError, RunDirError):
         return None
     return cfg if isinstance(cfg, dict) else None
 

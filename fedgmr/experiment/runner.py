@@ -3,8 +3,11 @@ a plot and checkpoints; resume an interrupted run to exactly the same metrics.
 
 A run directory is a unit (:mod:`fedgmr.experiment.rundir`): one process at a time
 (an exclusive lock), results of one run only (``overwrite`` clears everything a previous
-run wrote, checkpoint included), and a resume continues only the run its checkpoint
-belongs to (the config and the metrics written so far are checked against it).
+run wrote, checkpoint included), written and deleted only under the names the run
+recorded as its own (the manifest; never through a link), and a resume continues only
+the run its checkpoint belongs to (the config and the metrics written so far are checked
+against it). A new run writes its config before it loads its data: a run killed while it
+builds resumes from "no checkpoint yet" (it runs from the start).
 Checkpoints are on by default (``run.checkpoint_every`` steps or
 ``run.checkpoint_seconds`` of wall time, whichever comes first).
 
@@ -21,12 +24,16 @@ import json
 import logging
 import math
 import os
+import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from fedgmr.config import ExperimentConfig, dump_config, parse_config, read_config_file
+import yaml
+
+from fedgmr.config import ExperimentConfig, dump_config, parse_config
 from fedgmr.data import FederatedData
 from fedgmr.errors import ConfigError, RunDirError, RunFailedError
 from fedgmr.experiment.build import build_experiment
@@ -34,9 +41,10 @@ from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, save_
 from fedgmr.experiment.interrupt import sigint_latch
 from fedgmr.experiment.loggers import RunLoggers
 from fedgmr.experiment.metrics import acc_at_t, read_metrics
-from fedgmr.experiment.rundir import (CONFIG_FILE, LOCK_FILE, METRICS_FILE, PLOT_FILE, SUMMARY_FILE, RunLock, clear,
-                                      config_digest, fsync_file, holds_run, is_run_dir, prepare, write_atomic,
-                                      writing)
+from fedgmr.experiment.rundir import (CONFIG_FILE, CORE_ENTRIES, LOCK_FILE, MANIFEST_FILE, METRICS_FILE, PLOT_FILE,
+                                      SUMMARY_FILE, RunLock, begin_run, claim, config_digest, fsync_file, holds_run,
+                                      open_for_write, owned_entries, prepare, read_run_file, read_run_text,
+                                      refuse_held_run, remove_entry, remove_owned, write_atomic, writing)
 from fedgmr.sim.simulator import Simulator
 
 log = logging.getLogger(__name__)
@@ -55,12 +63,31 @@ def saved_config(run_dir: str | Path) -> ExperimentConfig:
     path = run_dir / CONFIG_FILE
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is a file, not a run directory")
-    if not path.exists():
+    if not os.path.lexists(path):
+        if os.path.lexists(run_dir / MANIFEST_FILE):  # a run began here and was stopped before it wrote its config
+            raise RunDirError(f"{run_dir} has no {CONFIG_FILE}: its run was stopped before it wrote its config, so "
+                              f"there is nothing to resume; start it again: fedgmr run CONFIG --out {run_dir}")
         raise RunDirError(f"{run_dir} has no {CONFIG_FILE}: not a fedgmr run directory")
     try:
-        return parse_config(read_config_file(path))
+        return parse_config(_read_saved_config(path))
     except ConfigError as exc:
         raise RunDirError(f"{path} is not the config this run was started with: {exc}") from None
+
+
+def _read_saved_config(path: Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as a dict (a regular file of bounded size: a
+    FIFO or a link to a device is a one-line ``RunDirError``, never a hang)."""
+    try:
+        data = yaml.safe_load(read_run_text(path))
+    except FileNotFoundError:
+        raise RunDirError(f"{path} is missing: not a fedgmr run directory") from None
+    except yaml.YAMLError as exc:
+        raise RunDirError(f"{path} is damaged: {(str(exc).splitlines() or ['not YAML'])[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is damaged: not a mapping of config keys")
+    return data
 
 
 class _Progress:
@@ -135,14 +162,21 @@ class _MetricsLog:
 
     def __init__(self, path: Path, keep: int = 0) -> None:
         self.path = path
-        with writing(path):
-            if keep:
-                prefix = path.read_bytes()[:keep]
-                os.truncate(path, keep)  # drop what was written after the checkpoint
-            else:
+        fd = open_for_write(path, os.O_RDWR | os.O_APPEND)  # never through a link planted in the run directory
+        try:
+            with writing(path):
                 prefix = b""
-                path.write_bytes(b"")
-            self.fh = open(path, "ab")
+                while len(prefix) < keep:
+                    chunk = os.pread(fd, keep - len(prefix), len(prefix))
+                    if not chunk:
+                        break
+                    prefix += chunk
+                os.ftruncate(fd, keep)  # drop what was written after the checkpoint (all of it: a new run)
+                self.fh = os.fdopen(fd, "ab")
+        except BaseException:
+            os.close(fd)
+            raise
+        with writing(path):
             fsync_file(self.fh)
         self.hash = hashlib.sha256(prefix)
         self.size = len(prefix)
@@ -169,9 +203,14 @@ def _verify_metrics(path: Path, expected: Any, records: int) -> int:
     """Bytes of ``metrics.jsonl`` the checkpoint covers, after checking they are unchanged."""
     if not isinstance(expected, dict) or not {"bytes", "sha256"} <= set(expected):
         raise RunDirError(f"{checkpoint_path(path.parent)} is damaged: it does not describe {METRICS_FILE}")
-    size = int(expected["bytes"])
     try:
-        data = path.read_bytes()
+        size = int(expected["bytes"])
+    except (TypeError, ValueError):
+        size = -1
+    if size < 0:
+        raise RunDirError(f"{checkpoint_path(path.parent)} is damaged: it does not describe {METRICS_FILE}")
+    try:
+        data = read_run_file(path, size, prefix=True)  # the bytes the checkpoint covers, no more
     except FileNotFoundError:
         raise RunDirError(f"{path} is missing: the checkpoint expects {records} records") from None
     if len(data) < size or hashlib.sha256(data[:size]).hexdigest() != expected["sha256"] \
@@ -185,14 +224,16 @@ def _check_resumable(out: Path, cfg: ExperimentConfig, state: dict[str, Any]) ->
     """The checkpoint belongs to this run: config.yaml and ``cfg`` match its config hash.
     ``cfg`` may name another ``run.device``: a checkpoint resumes on any device."""
     config_path = out / CONFIG_FILE
-    try:
-        raw = read_config_file(config_path)
-    except ConfigError as exc:
-        raise RunDirError(f"{config_path}: {exc}") from None
+    raw = _read_saved_config(config_path)
     on_disk = config_digest(raw)
     if on_disk != state.get("config_sha256"):
         raise RunDirError(f"{config_path} was changed after the checkpoint was written (it does not match the "
                           f"checkpoint's config hash); restore it, or start a new run in another directory")
+    _check_same_config(config_path, raw, cfg)
+
+
+def _check_same_config(config_path: Path, raw: dict[str, Any], cfg: ExperimentConfig) -> None:
+    """``cfg`` is the config saved in ``config_path`` (``raw``), but perhaps its ``run.device``."""
     try:  # keys added to the library since the run started take their defaults (which keep the old behaviour)
         saved = parse_config(raw)
     except ConfigError as exc:
@@ -205,14 +246,33 @@ def _check_resumable(out: Path, cfg: ExperimentConfig, state: dict[str, Any]) ->
 def _finished(out: Path) -> None:
     """Refuse to resume a run that already wrote its summary."""
     path = out / SUMMARY_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return
     try:
-        status = json.loads(path.read_text()).get("status", "completed")
-    except (OSError, ValueError, AttributeError):
+        status = json.loads(read_run_text(path)).get("status", "completed")
+    except (OSError, ValueError, AttributeError, RunDirError):
         status = "completed"
     raise RunDirError(f"{out} holds a {'failed' if status == 'failed' else 'finished'} run ({SUMMARY_FILE} "
                       f"exists): nothing to resume; start a new run with --overwrite or another --out")
+
+
+def _no_records(path: Path) -> bool:
+    """Whether ``metrics.jsonl`` is missing or empty (a run that never evaluated)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def _start_files(out: Path, cfg: ExperimentConfig, names: set[str], keep_config: bool) -> None:
+    """A new run's first files: what earlier runs owned here goes (``keep_config``: not
+    their config.yaml, which a restarted run keeps), the config is written first, then
+    an empty ``metrics.jsonl``."""
+    begin_run(out, names, keep={CONFIG_FILE} if keep_config else ())
+    if not keep_config:
+        write_atomic(out / CONFIG_FILE, dump_config(cfg))  # first: from now on the run can be resumed
+    _MetricsLog(out / METRICS_FILE).close()
 
 
 def _discard_if_unused(out: Path) -> None:
@@ -296,22 +356,34 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
     digest = config_digest(cfg)
     ckpt = None
     keep = 0
+    from_start = False  # a resume of a run stopped while it started: no checkpoint and no record yet
+    # what this run may write here: it creates and deletes nothing else (rundir's manifest)
+    names = set(CORE_ENTRIES) | (loggers.entries() if loggers else set())
+    owned = owned_entries(out)
     if resume:
         _finished(out)
-        ckpt = load_checkpoint(out)
-        _check_resumable(out, cfg, ckpt[0])
-        try:
-            records = int(ckpt[0]["simulator"]["records"])
-        except (KeyError, TypeError, ValueError):
-            raise RunDirError(f"{checkpoint_path(out)} is damaged: no simulator state") from None
-        keep = _verify_metrics(metrics_path, ckpt[0].get("metrics"), records)
-    else:
-        if holds_run(out) and not overwrite:
-            raise RunDirError(f"{out} already holds a run; continue it with --resume {out} or replace it "
-                              f"with --overwrite")
-        if (out / CONFIG_FILE).exists() and not is_run_dir(out):
-            raise RunDirError(f"{out / CONFIG_FILE} exists but {out} is not a fedgmr run directory; fedgmr will "
-                              f"not overwrite it: choose another --out")
+        if checkpoint_path(out) is None and _no_records(metrics_path):
+            config_path = out / CONFIG_FILE
+            raw = _read_saved_config(config_path)
+            _check_same_config(config_path, raw, cfg)
+            digest = config_digest(raw)  # the checkpoints belong to config.yaml as saved
+            from_start = True
+            log.warning("%s has no checkpoint yet (the run was stopped while it loaded its data or built): "
+                        "running it from the start", out)
+        else:
+            ckpt = load_checkpoint(out)
+            _check_resumable(out, cfg, ckpt[0])
+            digest = ckpt[0]["config_sha256"]  # config.yaml's (cfg may name another run.device)
+            try:
+                records = int(ckpt[0]["simulator"]["records"])
+            except (KeyError, TypeError, ValueError):
+                raise RunDirError(f"{checkpoint_path(out)} is damaged: no simulator state") from None
+            keep = _verify_metrics(metrics_path, ckpt[0].get("metrics"), records)
+    elif not overwrite:
+        refuse_held_run(out, f"continue it with --resume {out} or replace it with --overwrite")
+    # before any work: a name of the run's that is yours (a folder mlruns/, your own
+    # config.yaml) or a link is refused, and the names are recorded before they are created
+    claim(out, names, owned)
 
     last_acc: list[float | None] = [None]
     sink: list[_MetricsLog] = []  # the metrics file, opened once the experiment is built
@@ -323,9 +395,19 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
         last_acc[0] = rec["accuracy"]
 
     wall0 = time.perf_counter()
-    # build (and load the data) before touching the run directory: a bad data path
-    # leaves no half-made run behind, and --overwrite keeps the old run
-    exp = build_experiment(cfg, on_record=on_record, data=data)
+    # a directory without results to keep gets the config first: a run killed while it loads
+    # its data and builds resumes "from no checkpoint yet". An --overwrite builds (and loads
+    # the data) before touching the old run: a bad data path keeps it
+    early = ckpt is None and (from_start or not holds_run(out))
+    if early:
+        _start_files(out, cfg, names, keep_config=from_start)
+    try:
+        exp = build_experiment(cfg, on_record=on_record, data=data)
+    except Exception:
+        if early and not from_start:  # e.g. a bad data path: leave no half-made run behind
+            remove_owned(out, names)
+            remove_entry(out / MANIFEST_FILE)
+        raise
     sim = exp.simulator
     try:
         prior_wall = 0.0
@@ -341,9 +423,9 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
                                   f"{type(exc).__name__}: {exc}") from None
             sink.append(_MetricsLog(metrics_path, keep))
         else:
-            clear(out)  # everything of a previous run goes, checkpoint included
-            sink.append(_MetricsLog(metrics_path))  # first: marks the directory as a run's
-            write_atomic(out / CONFIG_FILE, dump_config(cfg))
+            if not early:
+                _start_files(out, cfg, names, keep_config=False)  # the old run goes, checkpoint included
+            sink.append(_MetricsLog(metrics_path))
         if loggers:  # a resume hands them the records it keeps
             loggers.open(ckpt is not None, lambda: read_metrics(out))
         every, seconds = cfg.run.checkpoint_every, cfg.run.checkpoint_seconds
@@ -446,8 +528,11 @@ def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None
         summary["acc_at_t_star"] = None if math.isnan(mean) else mean
         summary["acc_at_t_star_std"] = None if math.isnan(std) else std
     write_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
-    with writing(out / PLOT_FILE):
+    with writing(out / PLOT_FILE), tempfile.TemporaryDirectory(prefix="fedgmr-plot-") as tmp:
         from fedgmr.experiment.plots import plot_runs
 
-        plot_runs([(cfg.method, rows)], out / PLOT_FILE, title=f"{cfg.name}: {cfg.method}", t_star=cfg.run.t_star)
+        # drawn outside the run directory, then written like every file of the run (no link followed)
+        drawn = plot_runs([(cfg.method, rows)], Path(tmp) / PLOT_FILE, title=f"{cfg.name}: {cfg.method}",
+                          t_star=cfg.run.t_star)
+        write_atomic(out / PLOT_FILE, drawn.read_bytes())
     return summary

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedgmr.config import ExperimentConfig, dump_config, parse_value, read_config_file, set_dotted
-from fedgmr.errors import ConfigError, FedGMRError
+from fedgmr.errors import ConfigError, FedGMRError, RunDirError
 
 INDEX_FILE = "sweep.json"
 CONFIG_DIR = "configs"
@@ -36,6 +37,13 @@ LOG_DIR = "logs"
 PARENT_ENV = "FEDGMR_PARENT_PID"
 
 Status = Literal["pending", "running", "done", "failed"]
+
+#: the most cells a sweep expands to unless asked for more (``--max-cells``): counted from
+#: the grid's sizes before any cell is made, so a typo'd grid of 10^9 points costs nothing
+MAX_CELLS = 10_000
+#: the longest cell name, in bytes: a cell is a directory and ``configs/<name>.yaml``, and
+#: a file name has at most 255 bytes on common file systems
+MAX_NAME_BYTES = 255 - len(".yaml")
 
 
 def is_case_axis(axis: str) -> bool:
@@ -208,9 +216,38 @@ def _label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "-", text)
 
 
-def expand(spec: SweepSpec, root: Path) -> list[Cell]:
+def axis_sizes(spec: SweepSpec) -> dict[str, int]:
+    """The number of values on each axis of the grid (``preset``, the case axes, the
+    grid's keys), in order; the sweep has their product of cells."""
+    bases = spec.base if isinstance(spec.base, list) else [spec.base]
+    sizes = {"preset": len(bases)} if len(bases) > 1 else {}
+    sizes.update({axis: len(specs) for axis, specs in spec.case_axes().items()})
+    sizes.update({key: len(values) for key, values in spec.grid.items()})
+    return sizes
+
+
+def count_cells(spec: SweepSpec) -> int:
+    """How many cells the sweep has, from the axis sizes alone (nothing is expanded)."""
+    return math.prod(axis_sizes(spec).values())
+
+
+def check_size(spec: SweepSpec, max_cells: int | None = MAX_CELLS) -> int:
+    """The sweep's cell count; ConfigError when it is above ``max_cells`` (None: no bound)."""
+    total = count_cells(spec)
+    if max_cells is not None and total > max_cells:
+        sizes = " x ".join(f"{n:,} ({axis})" for axis, n in axis_sizes(spec).items())
+        raise ConfigError(f"sweep {spec.name} has {total:,} cells ({sizes}), more than the bound of {max_cells:,}; "
+                          f"shrink the grid, or pass --max-cells {total} to run it anyway")
+    return total
+
+
+def expand(spec: SweepSpec, root: Path, max_cells: int | None = MAX_CELLS) -> list[Cell]:
     """The sweep's cells, in grid order, each with its overrides and a readable name
-    built from the axes that take more than one value (``method=fedgmr,seed=0``)."""
+    built from the axes that take more than one value (``method=fedgmr,seed=0``).
+
+    The cells are counted first (:func:`check_size`): above ``max_cells`` (None: no
+    bound) it is a ConfigError and nothing is expanded."""
+    check_size(spec, max_cells)
     bases = spec.base if isinstance(spec.base, list) else [spec.base]
     axes: list[tuple[str, list[Any]]] = []
     if len(bases) > 1:
@@ -237,6 +274,11 @@ def expand(spec: SweepSpec, root: Path) -> list[Cell]:
                           point=dict(zip((k for k, _ in axes), point))))
     if len({c.name for c in cells}) != len(cells):
         raise ConfigError("two cells of the sweep would share a directory name: make the axis values distinct")
+    long = next((c.name for c in cells if len(c.name.encode("utf-8")) > MAX_NAME_BYTES), None)
+    if long is not None:
+        raise ConfigError(f"sweep cell name {long[:60]}... is {len(long.encode('utf-8'))} bytes, more than the "
+                          f"{MAX_NAME_BYTES} a file name can take: shorten the axis values (or use cases, whose "
+                          f"labels name the cells)")
     return cells
 
 
@@ -311,12 +353,39 @@ class SweepOutcome:
         return [c for c in self.cells if c.status == "failed"]
 
 
+def check_out(out: Path) -> None:
+    """Refuse a sweep directory that cannot be one (a file, below a file, an empty name),
+    in one line, before anything is written."""
+    if not str(out).strip():
+        raise ConfigError("--out is empty: name the sweep directory")
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out} is a file, not a sweep directory")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise RunDirError(f"cannot make the sweep directory {out}: {above} is a file, not a directory")
+
+
+def _make_out(out: Path) -> None:
+    """Create the sweep directory and its folders; an OSError (read-only, full disk,
+    permissions) is one line."""
+    check_out(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CONFIG_DIR).mkdir(exist_ok=True)
+        (out / LOG_DIR).mkdir(exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"cannot make the sweep directory {out}: {exc.strerror or exc}") from None
+
+
 def _write_index(out: Path, spec: SweepSpec, sweep_file: Path, cells: list[Cell]) -> None:
     data = {"name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
             "cells": [c.index_entry() for c in cells]}
     tmp = out / f".{INDEX_FILE}.tmp"
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, out / INDEX_FILE)
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, out / INDEX_FILE)
+    except OSError as exc:
+        raise RunDirError(f"cannot write {out / INDEX_FILE}: {exc.strerror or exc}") from None
 
 
 def _what_it_computes(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -408,30 +477,33 @@ def _last_error(log_path: Path) -> str:
 def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: int | None = None,
               executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
               on_event: Callable[[str, Cell, int, int], None] | None = None,
-              only: dict[str, list[str]] | None = None) -> SweepOutcome:
+              only: dict[str, list[str]] | None = None, max_cells: int | None = MAX_CELLS) -> SweepOutcome:
     """Run (or continue) the sweep into ``out``; returns what this pass did.
 
     ``only`` (axis -> values, :func:`select`) runs part of the grid: the other cells keep
     their names and places in the index (``pending`` until a pass runs them).
     ``ray_address`` defaults to the base config's ``run.ray_address``.
     ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
-    ``fail`` events, for a progress display."""
+    ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
+    (:data:`MAX_CELLS`; None: none)."""
     import_sweep_code(spec, root)
-    every = expand(spec, root)
+    check_out(out)
+    every = expand(spec, root, max_cells)
     cells = select(every, only or {})
     resolve_cells(cells)
     if executor == "ray" and ray_address is None:
         ray_address = cells[0].config.run.ray_address  # type: ignore[union-attr]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_DIR).mkdir(exist_ok=True)
-    (out / LOG_DIR).mkdir(exist_ok=True)
+    _make_out(out)
     notify = on_event or (lambda *a: None)
     t0 = time.perf_counter()
     todo: list[tuple[Cell, str]] = []
     skipped: list[str] = []
     resumed: list[str] = []
     for cell in cells:
-        (out / CONFIG_DIR / f"{cell.name}.yaml").write_text(dump_config(cell.config))  # type: ignore[arg-type]
+        try:
+            (out / CONFIG_DIR / f"{cell.name}.yaml").write_text(dump_config(cell.config))  # type: ignore[arg-type]
+        except OSError as exc:
+            raise RunDirError(f"cannot write {out / CONFIG_DIR / f'{cell.name}.yaml'}: {exc.strerror or exc}") from None
         state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
         if state == "done":
             cell.status, cell.result = "done", _headline(out / cell.name)
@@ -588,5 +660,6 @@ def die_with_parent() -> None:
 
 
 __all__ = ["SHIPPED", "shipped_sweeps", "SweepSpec", "CaseSpec", "Cell", "SweepOutcome", "load_sweep",
-           "import_sweep_code", "expand", "resolve_cells", "run_sweep",
+           "import_sweep_code", "expand", "resolve_cells", "run_sweep", "MAX_CELLS", "count_cells", "check_size",
+           "check_out",
            "read_index", "cell_command", "die_with_parent", "INDEX_FILE"]

@@ -416,7 +416,7 @@ DEFAULT_NORM_MULTIPLE = 3.0
 
 
 def bound_influence(strategy: MaskedBufferedStrategy, partition_sizes: list[int],
-                    run_config: Mapping[str, Any]) -> None:
+                    run_config: Mapping[str, Any] | Any) -> None:
     """Set the bounds on one client's influence for a deployment, where replies come
     from devices the server does not control.
 
@@ -425,12 +425,18 @@ def bound_influence(strategy: MaskedBufferedStrategy, partition_sizes: list[int]
       ``aggregation.max_samples``, else the largest partition the config makes);
     * update norm: ``max-update-norm`` (default ``aggregation.max_update_norm``) and
       ``update-norm-multiple`` (default ``aggregation.update_norm_multiple``; when neither
-      bound is set, :data:`DEFAULT_NORM_MULTIPLE`). A value of 0 turns that bound off."""
+      bound is set, :data:`DEFAULT_NORM_MULTIPLE`). A value of 0 turns that bound off.
+
+    ``run_config`` is the run config (validated here: a bad value is a
+    :class:`~fedgmr.errors.ConfigError` naming the key) or a
+    :class:`~fedgmr.flower.run_config.DeploymentConfig` already parsed."""
+    from fedgmr.flower.run_config import DeploymentConfig, parse_run_config
+
+    rc = run_config if isinstance(run_config, DeploymentConfig) else parse_run_config(run_config)
     strategy.client_samples = None
-    cap = _run_number(run_config, "max-samples", None)
-    strategy.max_samples = int(cap) if cap else (strategy.max_samples or max(partition_sizes))
-    fixed = _run_number(run_config, "max-update-norm", strategy.max_update_norm)
-    multiple = _run_number(run_config, "update-norm-multiple", strategy.norm_multiple)
+    strategy.max_samples = rc.max_samples or strategy.max_samples or max(partition_sizes)
+    fixed = strategy.max_update_norm if rc.max_update_norm is None else rc.max_update_norm
+    multiple = strategy.norm_multiple if rc.update_norm_multiple is None else rc.update_norm_multiple
     if fixed is None and multiple is None:
         multiple = DEFAULT_NORM_MULTIPLE
     strategy.max_update_norm = fixed or None
@@ -438,11 +444,6 @@ def bound_influence(strategy: MaskedBufferedStrategy, partition_sizes: list[int]
     log.info("bounds: samples capped at %d, update norm %s", strategy.max_samples,
              " and ".join(([f"<= {fixed:g}"] if fixed else []) + ([f"<= {multiple:g} x median"] if multiple else []))
              or "unbounded")
-
-
-def _run_number(run_config: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    v = run_config.get(key)
-    return default if v is None or v == "" else float(v)
 
 
 class _Collect(logging.Handler):

@@ -52,22 +52,10 @@ class QuarantinePolicy:
         """The policy a Flower run config sets (``quarantine-after``, ``quarantine-window``,
         ``quarantine-seconds``; :data:`DEFAULTS` for those it leaves out). Values are
         validated: :class:`~fedgmr.errors.ConfigError` names the key."""
-        values: dict[str, Any] = {}
-        for key, default in DEFAULTS.items():
-            v = run_config.get(key)
-            if v is None or v == "":
-                v = default
-            elif isinstance(v, str):
-                try:
-                    v = float(v)
-                except ValueError:
-                    raise ConfigError(f"{key} must be a number, got {v!r}") from None
-            if key == "quarantine-after" and isinstance(v, float) and not isinstance(v, bool):
-                if not v.is_integer():
-                    raise ConfigError(f"quarantine-after must be an integer >= 0 (0: off), got {v!r}")
-                v = int(v)
-            values[key] = v
-        return cls(values["quarantine-after"], values["quarantine-window"], values["quarantine-seconds"])
+        from fedgmr.flower.run_config import parse_run_config  # the run config's one schema
+
+        rc = parse_run_config({k: run_config[k] for k in DEFAULTS if k in run_config})
+        return cls(rc.quarantine_after, rc.quarantine_window, rc.quarantine_seconds)
 
 
 @dataclass

@@ -5,7 +5,11 @@ and runs :class:`~fedgmr.flower.loop.BufferedServerLoop` over Flower's Grid. Wri
 directory to the run config's ``out-dir`` (when set): ``config.yaml``, ``metrics.jsonl``
 and ``summary.json`` in the simulator's schema with ``time`` on the wall clock
 (``clock: wall`` in the summary), and ``server.log``; ``fedgmr compare``, ``plot`` and
-``table`` read it like a simulator run.
+``table`` read it like a simulator run. The ``out-dir`` goes through the run-directory
+guard of ``fedgmr run`` (:func:`fedgmr.experiment.rundir.open_new_run`): it is locked while
+the ServerApp runs (a second writer is refused), a directory that already holds a run
+(a simulator's or a Flower one) is refused, and only :data:`RUN_FILES` are written there,
+never through a link.
 
 Log lines (one per evaluation, the bounds, warnings) go to the process's stdout too:
 Flower's ``flwr-serverapp`` / ``flwr-simulation`` mirror stdout and stderr to the
@@ -26,21 +30,39 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from fedgmr.errors import ConfigError
+from fedgmr.experiment.rundir import (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, open_for_write, open_new_run, tmp_name,
+                                      write_atomic)
 from fedgmr.flower.adapter import GridLink, flower_version, make_server_app
 from fedgmr.flower.client import load_run_config
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings, bound_influence, summary
 from fedgmr.flower.quarantine import QuarantinePolicy
+from fedgmr.flower.run_config import DeploymentConfig, parse_run_config
 
 log = logging.getLogger(__name__)
 
+SERVER_LOG = "server.log"
+#: what a Flower run writes in its ``out-dir``: the run directory's manifest lists these,
+#: and nothing else there is written or removed
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, tmp_name(CONFIG_FILE), tmp_name(SUMMARY_FILE), SERVER_LOG)
 
-def _num(run_config: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    v = run_config.get(key)
-    return default if v is None or v == "" else float(v)
+
+class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
+    """``server.log``, opened like every file of a run directory (never through a link)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(os.fdopen(open_for_write(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8"))
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            super().close()
 
 
 def refuse_client_state(cfg: Any) -> None:
@@ -62,21 +84,46 @@ def refuse_client_state(cfg: Any) -> None:
                           f"simulator (fedgmr run)")
 
 
+def check_against_config(rc: DeploymentConfig, cfg: Any) -> None:
+    """Run-config values that contradict the FedGMR config they run (ConfigError, one line)."""
+    n = cfg.clients.num_clients  # coordination.k above it is refused by the config itself
+    if rc.k is not None and rc.k > n:
+        raise ConfigError(f"invalid run-config value for 'k': {rc.k} is more than the {n} clients "
+                          f"(clients.num_clients): a step could never gather {rc.k} replies; set it at most {n}")
+    if rc.min_nodes is not None and rc.min_nodes > n:
+        raise ConfigError(f"invalid run-config value for 'min-nodes': {rc.min_nodes} is more than the {n} clients "
+                          f"(clients.num_clients) the config trains; set it at most {n}")
+
+
 def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Run FedGMR's buffered loop over ``link``; returns the summary."""
     from fedgmr.config import dump_config
     from fedgmr.experiment.build import build_experiment, wants_client_validation
 
-    out_dir = Path(str(run_config["out-dir"])) if run_config.get("out-dir") else None
+    rc = parse_run_config(run_config)  # every key typed and checked before anything is built or written
+    out_dir = Path(rc.out_dir) if rc.out_dir else None
     pkg_log = logging.getLogger("fedgmr")
     # stdout is what Flower streams to `flwr run --stream` / `flwr log` (it mirrors the
     # ServerApp process's stdout and stderr to the SuperLink)
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(logging.Formatter("%(levelname)s fedgmr: %(message)s"))
     handlers: list[logging.Handler] = [stream]
+    lock = None
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(out_dir / "server.log")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"invalid run-config value for 'out-dir': cannot create {out_dir}: "
+                              f"{exc.strerror or exc}") from None
+        # the run-directory guard of `fedgmr run`: a lock, a directory that holds a run
+        # refused, only the run's own names written (and an unfinished start's removed)
+        lock = open_new_run(out_dir, RUN_FILES, "a Flower run neither continues nor replaces a run: set another "
+                                                "out-dir (or move the run away)")
+        try:
+            handler: logging.Handler = _LogFile(out_dir / SERVER_LOG)
+        except BaseException:
+            lock.release()
+            raise
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         handlers.append(handler)
     for h in handlers:
@@ -85,34 +132,32 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
     if level == logging.NOTSET or level > logging.INFO:
         pkg_log.setLevel(logging.INFO)
     try:
-        quarantine = QuarantinePolicy.from_run_config(run_config)  # a bad key fails before anything is built
+        quarantine = QuarantinePolicy(rc.quarantine_after, rc.quarantine_window, rc.quarantine_seconds)
         cfg = load_run_config(run_config)
         refuse_client_state(cfg)
+        check_against_config(rc, cfg)
         exp = build_experiment(cfg)
         exp.executor.close()
-        bound_influence(exp.strategy, [len(idx) for idx in exp.partition.clients], run_config)
+        bound_influence(exp.strategy, [len(idx) for idx in exp.partition.clients], rc)
         n = cfg.clients.num_clients
-        want = int(_num(run_config, "min-nodes", n) or n)
-        nodes = link.wait_for_nodes(want, float(_num(run_config, "node-wait", 120.0) or 0.0))
+        nodes = link.wait_for_nodes(rc.min_nodes or n, rc.node_wait)
         if not nodes:
             raise RuntimeError("no SuperNode connected")
         log.info("flwr %s: %d node(s) connected, %d client slot(s)", flower_version(), len(nodes), n)
-        steps = int(_num(run_config, "num-server-steps", cfg.run.max_steps or 50) or 50)
+        steps = rc.num_server_steps or cfg.run.max_steps or 50
         settings = LoopSettings(
-            max_steps=steps, k=int(_num(run_config, "k", cfg.coordination.k) or 1),
+            max_steps=steps, k=rc.k or cfg.coordination.k,
             mode=cfg.coordination.mode, trigger=cfg.coordination.trigger, slack=cfg.coordination.deadline_slack,
-            reply_timeout=float(_num(run_config, "reply-timeout", 60.0) or 60.0),
-            step_timeout=float(_num(run_config, "step-timeout", 30.0) or 30.0),
-            max_wall=_num(run_config, "max-wall", None),
+            reply_timeout=rc.reply_timeout, step_timeout=rc.step_timeout, max_wall=rc.max_wall,
             # a deployment has no virtual clock: it evaluates every N server steps (5 unless set)
-            eval_every=int(_num(run_config, "eval-every", cfg.run.eval_every or 5) or 5),
+            eval_every=rc.eval_every or cfg.run.eval_every or 5,
             check_interval=cfg.restoration.check_interval,
         )
-        t_star = _num(run_config, "t-star", None)
+        t_star = rc.t_star
         if out_dir is not None:
-            (out_dir / "summary.json").unlink(missing_ok=True)  # a previous run's summary never pairs with new metrics
-            (out_dir / "config.yaml").write_text(dump_config(cfg))
-        metrics = open(out_dir / "metrics.jsonl", "w") if out_dir else None
+            write_atomic(out_dir / CONFIG_FILE, dump_config(cfg))
+        metrics = (os.fdopen(open_for_write(out_dir / METRICS_FILE, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8")
+                   if out_dir else None)
 
         def on_record(rec: dict[str, Any]) -> None:
             log.info("step %d/%d (t=%.1fs wall): accuracy %.4f, avg density %.3f, restorations %d, rejected %d, "
@@ -140,13 +185,15 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         result["rejection_log"] = loop.stats.log
         log.info("summary: %s", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
         if out_dir is not None:
-            (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+            write_atomic(out_dir / SUMMARY_FILE, json.dumps(result, indent=2) + "\n")
         return result
     finally:
         pkg_log.setLevel(level)
         for h in handlers:
             pkg_log.removeHandler(h)
             h.close()
+        if lock is not None:
+            lock.release()
 
 
 app = make_server_app(serve)

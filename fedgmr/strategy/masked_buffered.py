@@ -249,7 +249,8 @@ class MaskedBufferedStrategy:
         return True
 
     def _validate(self, reply: Reply) -> _Entry:
-        if not isinstance(reply.client_id, int) or not 0 <= reply.client_id < self.num_clients:
+        if isinstance(reply.client_id, bool) or not isinstance(reply.client_id, int) \
+                or not 0 <= reply.client_id < self.num_clients:  # True is not client 1
             raise InvalidUpdateError(f"unknown client id {reply.client_id!r}")
         a = self._outstanding.get(reply.client_id)
         if a is None:
@@ -271,6 +272,8 @@ class MaskedBufferedStrategy:
             outside = reported & ~a.reply_mask
             if bool(outside.any()):
                 raise InvalidUpdateError(f"{int(outside.sum())} coordinates outside the client's mask")
+            if not bool(reported.any()):  # it would take a step's slot and weight while updating nothing
+                raise InvalidUpdateError("the reported mask is empty: the update holds no coordinate")
             mask = reported
         values = reply.values
         kept = mask_count(mask)
