@@ -87,7 +87,11 @@ def test_commands_name_the_files_and_parse_with_flowers_flags(tmp_path):
     ctx = command.make_context("fedgmr", exe[1:])  # every printed option is one of the command's
     sub = command.get_command(ctx, "flower")
     parsed = sub.get_command(ctx, "superexec").make_context("superexec", exe[3:]).params
-    assert parsed["runtime_api_address"] == "127.0.0.1:9094" and parsed["insecure"]
+    assert parsed["runtime_api_address"] == "127.0.0.1:9095" and parsed["insecure"]  # node 1's own port
+    # every node its own Runtime API port, its SuperExec on the same: all can share one machine
+    ports = [shlex.split(line)[shlex.split(line).index("--port") + 1] for line in cmds["supernodes"]]
+    apis = [shlex.split(line)[shlex.split(line).index("--runtime-api-address") + 1] for line in cmds["superexecs"]]
+    assert len(set(ports)) == len(ports) and apis == [f"127.0.0.1:{p}" for p in ports]
     warm = shlex.split(deployment_commands(d, 1, "10.0.0.5:9093", warm_config=tmp_path / "run.yaml")["superexecs"][0])
     assert warm[warm.index("--warm-config") + 1] == str((tmp_path / "run.yaml").resolve())
     assert shlex.split(cmds["register"][0]) == ["flwr", "supernode", "register", str(d.resolve() / "node-0.pub"),

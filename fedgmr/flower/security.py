@@ -149,16 +149,19 @@ def make_credentials(directory: str | Path, nodes: int, hosts: tuple[str, ...] =
 
 def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127.0.0.1:9093",
                         connection: str = "secure", app: str = "fedgmr-app",
-                        prefix: str = "node", warm_config: str | Path | None = None) -> dict[str, list[str]]:
+                        prefix: str = "node", warm_config: str | Path | None = None,
+                        runtime_port: int = 9094) -> dict[str, list[str]]:
     """The command lines of a secured deployment using the files in ``directory``:
     ``superlink`` (the server), ``supernodes`` (one per node, partition ``i``, with
     ``--isolation process``), ``superexecs`` (beside each SuperNode, on the same device: the
     warm ``fedgmr flower superexec`` that runs its ClientApps, over the SuperNode's
-    loopback Runtime API on port 9094; ``--warm-config`` when ``warm_config`` is given),
+    loopback Runtime API; ``--warm-config`` when ``warm_config`` is given),
     ``register`` (the operator registers each node's public key) and ``run``; plus
     ``config`` (the ``config.toml`` connection for ``flwr``). Paths are absolute; no line
     holds key material. The SuperLink listens on the ``superlink`` host when that is a
-    loopback address, else on every interface (``0.0.0.0``)."""
+    loopback address, else on every interface (``0.0.0.0``). Node ``i``'s Runtime API
+    listens on ``127.0.0.1:runtime_port + i``, so every node and its SuperExec can run on
+    one machine as well as on their own devices."""
     d = Path(directory).expanduser().resolve()
     host, _, port = superlink.rpartition(":")
     if not host or not port.isdigit():
@@ -171,10 +174,14 @@ def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127
               "--enable-supernode-auth")
     supernodes = [f"flower-supernode --superlink {q(superlink)} --root-certificates {q(str(d / 'ca.crt'))} "
                   f"--auth-supernode-private-key {q(str(d / f'{prefix}-{i}.key'))} "
-                  f"--node-config {q(f'partition-id={i} num-partitions={nodes}')} --isolation process"
+                  f"--node-config {q(f'partition-id={i} num-partitions={nodes}')} --isolation process "
+                  f"--port {runtime_port + i}"
                   for i in range(nodes)]
     warm = f" --warm-config {q(str(Path(warm_config).expanduser().resolve()))}" if warm_config else ""
-    superexecs = [f"fedgmr flower superexec --runtime-api-address 127.0.0.1:9094 --insecure{warm}"] * nodes
+    if not 1024 <= runtime_port <= 65535 - nodes:
+        raise ConfigError(f"runtime ports {runtime_port}..{runtime_port + nodes - 1} are not all in 1024-65535")
+    superexecs = [f"fedgmr flower superexec --runtime-api-address 127.0.0.1:{runtime_port + i} --insecure{warm}"
+                  for i in range(nodes)]
     register = [f"flwr supernode register {q(str(d / f'{prefix}-{i}.pub'))} {q(connection)}" for i in range(nodes)]
     config = [f"[superlink.{connection}]", f'address = "{superlink}"',
               f'root-certificates = "{d / "ca.crt"}"']

@@ -305,7 +305,8 @@ def test_secured_deployment_tls_node_auth_forged_ids_and_quarantine(procs, tmp_p
         node = procs.start(f"supernode{i}", args)
         if i < 3:  # the printed warm SuperExec beside it, on this node's Runtime API port
             _wait_http(api, node, f"supernode {i}")
-            procs.start(f"superexec{i}", bin_path(cmds["superexecs"][i].replace("127.0.0.1:9094", f"127.0.0.1:{api}")))
+            procs.start(f"superexec{i}", bin_path(cmds["superexecs"][i].replace(f"127.0.0.1:{9094 + i}",
+                                                                                 f"127.0.0.1:{api}")))
     # trusts another CA (with a key of its own): the TLS handshake fails
     procs.start("wrong-ca", [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates",
                              str(other.ca_cert), "--auth-supernode-private-key", str(keys.node_keys[3]),
