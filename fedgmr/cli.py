@@ -839,6 +839,47 @@ def _check_keys_folder(directory: Path, nodes: int) -> None:
                           f"folder `fedgmr flower keys --nodes {nodes}` wrote (or --nodes is more than it made)")
 
 
+@flower_app.command("new-app")
+def flower_new_app(
+    directory: Path = typer.Argument(..., help="folder for the app's pyproject.toml (what `flwr run DIR` reads)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="the FedGMR config the ServerApp and "
+                                          "ClientApps build (YAML/TOML; stored as an absolute path)"),
+    settings: list[str] = typer.Option([], "--set", help="a run-config key: --set num-server-steps=50 "
+                                       "--set out-dir=/srv/out (docs/distributed.md lists them); repeatable"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing pyproject.toml there"),
+) -> None:
+    """Write the Flower app project that `flwr run` needs, its run config validated."""
+    from fedgmr.config import parse_value
+    from fedgmr.flower.project import write_app
+    from fedgmr.flower.run_config import parse_run_config
+
+    try:
+        run_config: dict[str, Any] = {}
+        for item in settings:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--set expects key=value, got '{item}'")
+            run_config[key.strip()] = parse_value(value)
+        if config is not None:
+            if not config.is_file():
+                raise ConfigError(f"--config {config}: no such file")
+            run_config["config"] = str(config.resolve())
+        parse_run_config(run_config)  # the ServerApp's own check, now rather than at `flwr run`
+        target = directory / "pyproject.toml"
+        if target.exists() and not overwrite:
+            raise ConfigError(f"{target} exists: pass --overwrite to replace it, or choose another folder")
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{directory} is a file, not a folder")
+        try:
+            write_app(directory, run_config)
+        except OSError as exc:
+            raise FedGMRError(f"cannot write {target}: {exc.strerror or exc}") from None
+    except FedGMRError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {target} (run config: {', '.join(f'{k}={v}' for k, v in run_config.items()) or 'defaults'}); "
+               f"start it with: flwr run {directory} CONNECTION --stream")
+
+
 @flower_app.command("commands")
 def flower_commands(
     directory: Path = typer.Argument(..., help="the folder `fedgmr flower keys` wrote"),

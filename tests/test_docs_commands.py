@@ -101,10 +101,21 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             "superexec", args[2:]).params
         assert params["runtime_api_address"], where
         return
+    elif args[:2] == ["flower", "new-app"]:  # as written, in an empty directory (with the --config it names)
+        if "--config" in args:
+            (tmp_path / args[args.index("--config") + 1]).write_text("method: fedgmr\n")
+        proc = run_cli(args, tmp_path)
+        assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        text = (tmp_path / args[2] / "pyproject.toml").read_text()
+        assert 'serverapp = "fedgmr.flower.server_app:app"' in text, text
+        for s in (a for i, a in enumerate(args) if args[i - 1] == "--set"):
+            assert s.split("=")[0] + " = " in text, (s, text)
+        return
     elif sub == "flower":  # exactly as written, after the doc's earlier `fedgmr flower` lines, in one directory
         doc = where.split(": ")[0]
         earlier = [c for w, c in COMMANDS if w.split(": ")[0] == doc and c.startswith("fedgmr flower ")
-                   and not c.startswith("fedgmr flower superexec")]
+                   and not c.startswith(("fedgmr flower superexec", "fedgmr flower new-app",
+                                         "fedgmr flower testbed"))]
         for c in earlier[: earlier.index(cmd) + 1]:
             proc = run_cli(shlex.split(c)[1:], tmp_path)
             assert proc.returncode == 0, f"{where}\n{c}\n{proc.stderr}"
