@@ -682,6 +682,11 @@ class DistillConfig(_Section):
     seconds_per_step: float = Field(0.0, ge=0)
 
 
+#: client methods that keep their own models and aggregate no global one (local_only, standalone)
+#: or only a small shared part (fedmrl): a server-side distillation has nothing to distil
+_OWN_MODEL_CLIENTS = ("local_sgd", "standalone", "fedmrl")
+
+
 def _check_distill(cfg: "ExperimentConfig") -> None:
     """Combinations federated distillation cannot run (ValueError, one line)."""
     d, fedmd = cfg.distill, cfg.local.algorithm == "fedmd"
@@ -691,6 +696,10 @@ def _check_distill(cfg: "ExperimentConfig") -> None:
     if (d.server or fedmd) and d.proxy.name is None:
         raise ValueError("federated distillation needs proxy data: set distill.proxy.name (e.g. fashion_mnist, "
                          "digits)")
+    if d.server and cfg.local.algorithm in _OWN_MODEL_CLIENTS:
+        raise ValueError(f"distill.server (FedDF) distils the aggregated global model; local.algorithm "
+                         f"{cfg.local.algorithm!r} keeps each client's own model (FedMRL shares only its small G): "
+                         "there is no global model of the clients' to distil into; drop one of them")
     if d.server and cfg.local.algorithm in ("scaffold", "fedbn"):
         raise ValueError(f"distill.server (FedDF) is not supported with local.algorithm "
                          f"{cfg.local.algorithm!r} (its teachers need each client's whole model)")

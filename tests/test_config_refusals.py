@@ -119,6 +119,10 @@ CASES: list[tuple[list[str], str]] = [
     (["model.name=mlp", "model.options={hidden: [-5]}"], "model.options.hidden"),
     (["model.name=transformer_lm", "model.options={dropout: 1.5}"], "model.options.dropout"),
     (["model.name=char_lstm", "model.options={}"], "model.name"),  # a sequence model on images
+    # a method whose clients keep their own models has no global model to distil into
+    (["method=local_only", "distill.server=true", "distill.proxy.name=digits"], "distill.server"),
+    (["method=standalone", "distill.server=true", "distill.proxy.name=digits"], "distill.server"),
+    (["method=fedmrl", "distill.server=true", "distill.proxy.name=digits"], "distill.server"),
 ]
 
 
