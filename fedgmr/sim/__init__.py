@@ -1,0 +1,1 @@
+"""The virtual-clock simulator: the event loop, the network and compute time models, executors."""
