@@ -944,6 +944,40 @@ def flower_superexec(
         raise typer.Exit(2)
 
 
+@flower_app.command("testbed")
+def flower_testbed(
+    config: Path = typer.Argument(..., help="the FedGMR config to deploy (YAML/TOML)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="SuperNodes (default: clients.num_clients)"),
+    scale: float = typer.Option(1.0, "--scale", help="factor on every tier's down/up rate (network.*_per_tier x d)"),
+    out: Path = typer.Option(Path("testbed-out"), "--out", help="output folder (new or empty)"),
+    duration: float = typer.Option(300.0, "--duration", help="the run's wall-clock bound in seconds (max-wall)"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="server steps (default: run.max_steps, else 50)"),
+    predict: bool = typer.Option(True, "--predict/--no-predict", help="also run the simulator's prediction"),
+) -> None:
+    """Run CONFIG on an emulated testbed (root): the SuperLink and each SuperNode in network
+    namespaces of their own, every node's link shaped by tc to its tier's rates; then the
+    simulator's prediction of the same run. Everything made is removed at the end, on
+    errors and on Ctrl-C."""
+    from fedgmr.flower.testbed import TestbedUnavailable, format_result, run_testbed
+
+    try:
+        result = run_testbed(config, out, nodes=nodes, scale=scale, duration=duration, steps=steps,
+                             predict=predict, echo=typer.echo)
+        typer.echo(format_result(result))
+        typer.echo(f"written: {out / 'testbed.json'}")
+    except TestbedUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    except FedGMRError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the testbed's namespaces and processes were removed", err=True)
+        raise typer.Exit(130)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1)
+
+
 def main() -> None:
     from fedgmr.experiment.sweep import die_with_parent
 

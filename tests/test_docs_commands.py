@@ -90,6 +90,17 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         png = tmp_path / args[args.index("--out") + 1]
         assert png.read_bytes()[:4] == b"\x89PNG", where
         return
+    elif sub == "flower" and args[1] == "testbed":  # needs root and minutes: its line parses with the options
+        import typer.main
+
+        from fedgmr.cli import app
+
+        command = typer.main.get_command(app)
+        ctx = command.make_context("fedgmr", args[:2])
+        params = command.get_command(ctx, "flower").get_command(ctx, "testbed").make_context(
+            "testbed", args[2:]).params
+        assert params["config"] and params["scale"] > 0, where
+        return
     elif sub == "flower" and args[1] == "superexec":  # a server: its line parses with the command's options
         import typer.main
 
