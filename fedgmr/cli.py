@@ -863,6 +863,10 @@ def flower_new_app(
         if config is not None:
             if not config.is_file():
                 raise ConfigError(f"--config {config}: no such file")
+            try:  # the config the ServerApp and every ClientApp will build: refused now, not at `flwr run`
+                resolve(str(config), [])
+            except ConfigError as exc:
+                raise ConfigError(f"--config {config}: {exc}") from None
             run_config["config"] = str(config.resolve())
         parse_run_config(run_config)  # the ServerApp's own check, now rather than at `flwr run`
         target = directory / "pyproject.toml"

@@ -114,7 +114,7 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         return
     elif args[:2] == ["flower", "new-app"]:  # as written, in an empty directory (with the --config it names)
         if "--config" in args:
-            (tmp_path / args[args.index("--config") + 1]).write_text("method: fedgmr\n")
+            (tmp_path / args[args.index("--config") + 1]).write_text("method: fedgmr\nrun: {max_steps: 4}\n")
         proc = run_cli(args, tmp_path)
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         text = (tmp_path / args[2] / "pyproject.toml").read_text()

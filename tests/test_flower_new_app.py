@@ -10,7 +10,7 @@ from conftest import run_cli
 
 
 def test_new_app_writes_the_project_with_a_typed_run_config(tmp_path: Path):
-    (tmp_path / "fedgmr.yaml").write_text("method: fedgmr\n")
+    (tmp_path / "fedgmr.yaml").write_text("method: fedgmr\nrun: {max_steps: 4}\n")
     proc = run_cli(["flower", "new-app", "app", "--config", "fedgmr.yaml", "--set", "num-server-steps=20",
                     "--set", "reply-timeout=45.5", "--set", "out-dir=out"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -23,10 +23,13 @@ def test_new_app_writes_the_project_with_a_typed_run_config(tmp_path: Path):
 
 
 def test_new_app_refuses_bad_keys_values_and_an_existing_project(tmp_path: Path):
+    (tmp_path / "endless.yaml").write_text("method: fedgmr\nrun: {executor: serial}\n")
     for args, line in ((["--set", "k=0"], "invalid run-config value for 'k'"),
                        (["--set", "bogus=1"], "unknown run-config key 'bogus'"),
                        (["--set", "k"], "--set expects key=value"),
-                       (["--config", "missing.yaml"], "--config missing.yaml: no such file")):
+                       (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
+                       # a config the apps could not build (no end): refused now, not at `flwr run`
+                       (["--config", "endless.yaml"], "set max_steps or max_time")):
         proc = run_cli(["flower", "new-app", "app", *args], tmp_path)
         assert proc.returncode == 2 and line in proc.stderr, (args, proc.stderr)
         assert not (tmp_path / "app").exists()  # nothing written before the check
