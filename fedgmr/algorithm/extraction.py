@@ -35,7 +35,7 @@ import torch
 
 from fedgmr.algorithm.aggregation import coverage_counts
 from fedgmr.algorithm.maskinfo import frozen
-from fedgmr.algorithm.masks import magnitude_ranking, nested_masks, ranked_mask
+from fedgmr.algorithm.masks import magnitude_ranking, nested_masks, nested_ranked_masks, ranked_mask
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import POLICIES, SubmodelPolicy
 from fedgmr.errors import ConfigError
@@ -167,8 +167,22 @@ class ExtractionPolicy(SubmodelPolicy):
         self._rank(self.scores(self.step, params).to(params.device))
 
     def _rank(self, score: torch.Tensor) -> None:
-        self.ranking = magnitude_ranking(score, self.space, self.floor)
-        self._set_masks()
+        # the level masks by one selection per level (those of the full ranking, bit for
+        # bit); the ranking itself is built only when asked for
+        self._scored = score.clone()
+        self._ranking: torch.Tensor | None = None
+        self._masks = [frozen(m) for m in nested_ranked_masks(self._scored, self.space, self.ladder, self.floor,
+                                                              self.basis)]
+
+    @property
+    def ranking(self) -> torch.Tensor:
+        """The round's ranking of the prunable coordinates (the level masks are its
+        prefixes), built on first use."""
+        if self._pending is not None:
+            self.mask(0)
+        if self._ranking is None:
+            self._ranking = magnitude_ranking(self._scored, self.space, self.floor)
+        return self._ranking
 
     def _deferred_scores(self, step: int, params: torch.Tensor) -> Callable[[], torch.Tensor]:
         """The scores of round ``step``, to compute later: what they read is copied now."""
@@ -177,7 +191,8 @@ class ExtractionPolicy(SubmodelPolicy):
         return lambda: self.scores(step, params).to(params.device)
 
     def _set_masks(self) -> None:
-        self._masks = [frozen(m) for m in nested_masks(self.ranking, self.space, self.ladder, self.floor,
+        assert self._ranking is not None
+        self._masks = [frozen(m) for m in nested_masks(self._ranking, self.space, self.ladder, self.floor,
                                                        self.basis)]
 
     def mask(self, level: int) -> torch.Tensor:
@@ -198,13 +213,21 @@ class ExtractionPolicy(SubmodelPolicy):
         return True
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        self.mask(0)  # the ranking of the current step
-        return {"step": self.step}, {"ranking": self.ranking}
+        self.mask(0)  # the scores of the current step
+        if self._scored is None:  # loaded from an older checkpoint: the ranking is the state
+            return {"step": self.step}, {"ranking": self.ranking}
+        return {"step": self.step}, {"ranking_scores": self._scored}  # the masks are rebuilt from them
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         self._pending = None
         self.step = int(state["step"])
-        self.ranking = tensors["ranking"].to(self.ranking.device, copy=True)
+        device = self._masks[0].device  # a checkpoint's tensors are on the CPU
+        if "ranking_scores" in tensors:
+            self._rank(tensors["ranking_scores"].to(device))
+            return
+        # an older checkpoint holds the ranking itself
+        self._scored = None
+        self._ranking = tensors["ranking"].to(device, copy=True)
         self._set_masks()
 
     @classmethod

@@ -17,7 +17,7 @@ import torch
 
 from fedgmr.algorithm.encoding import mask_code_nbytes
 from fedgmr.algorithm.maskinfo import frozen, mask_count
-from fedgmr.algorithm.masks import ims_increments, magnitude_ranking, nested_masks
+from fedgmr.algorithm.masks import ims_increments, magnitude_ranking, nested_masks, nested_ranked_masks
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.registry import Registry
 
@@ -130,8 +130,20 @@ class MagnitudePolicy(SubmodelPolicy):
         return [frozen(m) for m in nested_masks(ranking, self.space, self.ladder, self.floor, self.basis)]
 
     def _rebuild(self, params: torch.Tensor) -> None:
-        self.ranking = magnitude_ranking(params, self.space, self.floor, self.costs)
-        self._masks = self._masks_of(self.ranking)
+        # the level masks by one selection per level (the masks of the full ranking, bit for
+        # bit); the ranking itself is built only when asked for, from a copy of the weights
+        self._ranked = params.detach().clone()
+        self._ranking: torch.Tensor | None = None
+        self._masks = [frozen(m) for m in nested_ranked_masks(self._ranked, self.space, self.ladder, self.floor,
+                                                              self.basis, self.costs)]
+
+    @property
+    def ranking(self) -> torch.Tensor:
+        """The global ranking of the prunable coordinates the level masks are prefixes of
+        (:func:`~fedgmr.algorithm.masks.magnitude_ranking`), built on first use."""
+        if self._ranking is None:
+            self._ranking = magnitude_ranking(self._ranked, self.space, self.floor, self.costs)
+        return self._ranking
 
     def mask(self, level: int) -> torch.Tensor:
         return self._masks[level]
@@ -143,11 +155,19 @@ class MagnitudePolicy(SubmodelPolicy):
         return False
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        return {}, {"ranking": self.ranking}
+        if self._ranked is None:  # loaded from an older checkpoint: the ranking is the state
+            return {}, {"ranking": self.ranking}
+        return {}, {"ranking_weights": self._ranked}  # the masks are rebuilt from them
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        self.ranking = tensors["ranking"].to(self.ranking.device, copy=True)  # a checkpoint's are on the CPU
-        self._masks = self._masks_of(self.ranking)
+        device = self._masks[0].device  # a checkpoint's tensors are on the CPU
+        if "ranking_weights" in tensors:
+            self._rebuild(tensors["ranking_weights"].to(device))
+            return
+        # an older checkpoint holds the ranking itself
+        self._ranked = None
+        self._ranking = tensors["ranking"].to(device, copy=True)
+        self._masks = self._masks_of(self._ranking)
 
 
 POLICIES: Registry = Registry("sub-model policy")

@@ -26,6 +26,7 @@ from fedgmr.errors import ConfigError
 from fedgmr.experiment.diagnostics import Diagnostics
 from fedgmr.models import build_model
 from fedgmr.registry import Registry
+from fedgmr.sim.evalworker import test_worker_for
 from fedgmr.sim.executor import ClientWorkload, Executor, SerialExecutor
 from fedgmr.sim.executors import make_process_executor, make_ray_executor
 from fedgmr.sim.network import Network, tier_densities
@@ -438,7 +439,14 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
                          net.ims)
     check = cfg.restoration.check_interval
     full_numel = method.reference_numel() if hasattr(method, "reference_numel") else None
-    executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)  # last: nothing below can leak its workers
+    # FEDGMR_TEST_WORKER=1: the test split evaluated in a forked worker (before the pool forks)
+    test_worker = test_worker_for(cfg, device, lambda flat, bufs: evaluator(flat, bufs, "test"))
+    try:
+        executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)  # last: nothing below can leak its workers
+    except BaseException:
+        if test_worker is not None:
+            test_worker.close()
+        raise
     try:
         sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
                         cfg.run.eval_every, check, byte_scale(cfg, space, full_numel), wants_client_validation(cfg),
@@ -447,7 +455,10 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
                         eval_from=cfg.run.eval_from or 0.0)
     except BaseException:
         executor.close()
+        if test_worker is not None:
+            test_worker.close()
         raise
+    sim.test_worker = test_worker
     sims.append(sim)
     diagnostics.personal_stamp = lambda: sim.client_state_epoch
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

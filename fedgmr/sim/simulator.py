@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
@@ -196,6 +197,11 @@ class Simulator:
         self._published: tuple[int, torch.Tensor, dict[str, torch.Tensor]] = (0, strategy.params, {})
         self._publish()
         self._eval_cache: tuple[int, float, float] | None = None  # (version, accuracy, loss)
+        #: evaluates the published models on the test split in another process while the
+        #: simulation goes on (:class:`~fedgmr.sim.evalworker.EvalWorker`); None: here
+        self.test_worker: Any = None
+        self._eval_handle: tuple[int, Any] | None = None  # (version, handle) of the newest submitted
+        self._unscored: deque[tuple[dict[str, Any], Any]] = deque()  # records waiting, in order
         self.next_grid = 0.0 if eval_interval is not None else math.inf
         self._grid_index = 0
         self._since_record: dict[str, Any] = {"restored": [], "val": None}
@@ -401,11 +407,51 @@ class Simulator:
             self._eval_cache = (version, acc, loss)
         return self._eval_cache[1], self._eval_cache[2]
 
+    def _test_handle(self) -> Any:
+        """The test score of the published model, or with a test worker a handle to it
+        (one evaluation per model version either way)."""
+        version, params, buffers = self._published
+        if self.test_worker is None or (self._eval_cache is not None and self._eval_cache[0] == version):
+            return None
+        if self._eval_handle is None or self._eval_handle[0] != version:
+            self._eval_handle = (version, self.test_worker.submit(params, buffers))
+        return self._eval_handle[1]
+
+    def _emit_scored(self, wait: bool) -> None:
+        """Hand the records whose test score has come back to ``on_record``, in order
+        (``wait``: all of them, waiting for the worker)."""
+        while self._unscored:
+            rec, handle = self._unscored[0]
+            if handle is not None:
+                if not wait and not handle.done():
+                    return
+                rec["accuracy"], rec["loss"] = handle.result()
+                if self._eval_handle is not None and self._eval_handle[1] is handle:
+                    self._eval_cache = (self._eval_handle[0], rec["accuracy"], rec["loss"])
+                    self._eval_handle = None
+            self._unscored.popleft()
+            self.on_record(rec)
+
+    def flush_records(self) -> None:
+        """Wait for the test scores still being computed and hand their records out."""
+        self._emit_scored(wait=True)
+
+    def close_test_worker(self) -> None:
+        """Hand out the pending records and stop the test worker (evaluation goes on here)."""
+        if self.test_worker is not None:
+            try:
+                self.flush_records()
+            finally:
+                self.test_worker.close()
+                self.test_worker = None
+                self._eval_handle = None
+
     def _evaluate(self, val_score: float | None = None, moved: Sequence[int] = (),
                   at: float | None = None) -> dict[str, Any]:
         if self.eval_interval is None:  # step cadence: the model just aggregated, now
             self._publish()
-        acc, loss = self._test_score()
+        handle = self._test_handle()
+        acc, loss = (None, None) if handle is not None else self._test_score()
         dens = self.strategy.densities()
         rec = {
             "time": self.now if at is None else at, "step": self._published[0], "accuracy": acc, "loss": loss,
@@ -422,7 +468,11 @@ class Simulator:
             rec.update(self.diagnostics(self.records, *self._published))
         self.records += 1
         self._last_eval_step = self._published[0]
-        self.on_record(rec)
+        if handle is None and not self._unscored:
+            self.on_record(rec)
+        else:  # after the records still waiting for their scores
+            self._unscored.append((rec, handle))
+            self._emit_scored(wait=False)
         return rec
 
     def _evaluate_grid(self, until: float, inclusive: bool) -> None:
@@ -494,23 +544,25 @@ class Simulator:
                 self._on_server_free()
                 if on_step:
                     on_step(self)
+        self.flush_records()  # every record of the run so far is out when it returns
 
     def finish(self) -> dict[str, Any] | None:
         """Evaluate the final model unless it was just evaluated (on the time grid: the
         grid points up to now, then the newest model at now if none of them saw it)."""
         if self.eval_interval is not None:
             self._evaluate_grid(self.now, inclusive=True)
-            if self._last_eval_step != self._published[0]:
-                return self._evaluate(at=self.now)
-            return None
-        if self._last_eval_step != self.step:
-            return self._evaluate()
-        return None
+            rec = self._evaluate(at=self.now) if self._last_eval_step != self._published[0] else None
+        else:
+            rec = self._evaluate() if self._last_eval_step != self.step else None
+        self.close_test_worker()  # the last records are out; later evaluations run here
+        return rec
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Everything except the strategy, executor and evaluator (saved separately).
-        In-flight jobs are awaited, so their results are part of the state."""
+        In-flight jobs are awaited, so their results are part of the state, and so are
+        the test scores of the records written so far (they reach ``on_record`` first)."""
+        self.flush_records()
         tensors: dict[str, torch.Tensor] = {}
         flights = []
         for c, f in sorted(self.in_flight.items()):
