@@ -842,15 +842,33 @@ def parse_config(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(_format_error(err)) from None
 
 
+#: the largest config or sweep file read (a config is a few kB; a parser would take minutes
+#: over a file of this size, and a link to /dev/zero would never end)
+MAX_CONFIG_BYTES = 8 << 20
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML (or JSON) or TOML file into a dict."""
+    """Read a YAML (or JSON) or TOML file into a dict.
+
+    A regular file of at most :data:`MAX_CONFIG_BYTES` only: a FIFO, a device (a link to
+    ``/dev/zero``), a directory or a larger file is one ``ConfigError`` line, never a hang
+    or an unbounded read."""
+    from fedgmr.errors import RunDirError
+    from fedgmr.experiment.rundir import read_run_file
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data_bytes = read_run_file(path, MAX_CONFIG_BYTES)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except RunDirError as exc:  # "cannot read PATH: it is a FIFO (named pipe), not a regular file", ...
+        reason = str(exc).split(": ", 1)[-1] if str(exc).startswith("cannot read ") else str(exc)
+        reason = reason.replace("a run-directory file may hold", "a config file may hold")
+        raise ConfigError(f"cannot read config file {path}: {reason}") from None
+    try:
+        text = data_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read config file {path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     try:
         if path.suffix == ".toml":
             import tomllib

@@ -5,17 +5,25 @@ failed, interrupted) and continued, not clobbered, by a resume."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
+import signal
+import socket
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import tiny_config
+from conftest import scaled, tiny_config
 from fedgmr.cli import app
 from fedgmr.errors import ConfigError, RunFailedError
 from fedgmr.experiment.loggers import LOGGER_ENTRIES, LOGGERS, RunLogger, scalars
@@ -243,6 +251,10 @@ def test_a_tracker_failing_mid_run_is_dropped_and_the_run_goes_on(tmp_path: Path
     assert "logger broken failed to log a record" in caplog.text
     client, run = mlflow_run(out)
     assert run.info.status == "FINISHED" and len(history(client, run, "accuracy")) == 6
+    # the summary names the logger that failed (issue 42, item 8)
+    expected = {"broken": "log a record: RuntimeError: tracker went away"}
+    assert summary["logger_failures"] == expected
+    assert json.loads((out / "summary.json").read_text())["logger_failures"] == expected
 
 
 def test_overwrite_removes_the_trackers_files(tmp_path: Path):
@@ -250,3 +262,112 @@ def test_overwrite_removes_the_trackers_files(tmp_path: Path):
     run_experiment(config(["tensorboard", "mlflow"], max_steps=4), out)
     run_experiment(config([], max_steps=4), out, overwrite=True)
     assert not any((out / name).exists() for name in ("tensorboard", "mlruns", "loggers.json"))
+
+
+# ---------------------------------------------------------------------------- bounded, never stopping (issue 42)
+@contextlib.contextmanager
+def no_hang(seconds: float) -> Iterator[None]:
+    """Fail (instead of waiting out MLflow's minutes of retries) if the block takes longer."""
+    def alarm(*_: Any) -> None:
+        raise AssertionError(f"took longer than {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(max(1, int(seconds)))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["config", "environment"])
+def test_an_unreachable_mlflow_server_is_refused_in_one_line_before_anything_is_written(
+        where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    cfg_file = tmp_path / "tiny.yaml"
+    cfg_file.write_text(yaml.safe_dump(tiny_config(run={"max_steps": 4})))
+    args = ["run", str(cfg_file), "--out", str(tmp_path / "r"), "-q", "--set", "run.loggers=[mlflow]"]
+    if where == "config":
+        args += ["--set", f"run.mlflow_uri={uri}"]
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    start = time.monotonic()
+    with no_hang(scaled(60)):
+        result = CliRunner().invoke(app, args)
+    assert time.monotonic() - start < scaled(30)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, (result.stdout, result.stderr, result.exception)
+    source = "run.mlflow_uri" if where == "config" else "$MLFLOW_TRACKING_URI"
+    assert lines[0].startswith(f"error: run.loggers: mlflow cannot reach the tracking server {uri} ({source}): ")
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+class _Failing(BaseHTTPRequestHandler):
+    """A tracking server that answers every request with 503 (it accepts connections)."""
+
+    def _fail(self) -> None:
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = do_PATCH = do_PUT = _fail
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+def test_a_failing_mlflow_server_costs_seconds_not_minutes_and_the_run_goes_on(tmp_path: Path,
+                                                                               caplog: pytest.LogCaptureFixture):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    out = tmp_path / "r"
+    try:
+        cfg = config(["mlflow"], mlflow_uri=f"http://127.0.0.1:{server.server_address[1]}")
+        start = time.monotonic()
+        with no_hang(scaled(120)), caplog.at_level(logging.WARNING, logger="fedgmr.experiment.loggers"):
+            summary = run_experiment(cfg, out)
+        assert time.monotonic() - start < scaled(60)  # MLflow's defaults: ~4 minutes of retries
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert summary["status"] == "completed" and len(read_metrics(out)) == 6
+    assert list(summary["logger_failures"]) == ["mlflow"]
+    assert summary["logger_failures"]["mlflow"].startswith("start: ")
+    assert json.loads((out / "summary.json").read_text())["logger_failures"] == summary["logger_failures"]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name == "fedgmr.experiment.loggers"]
+    assert len(warnings) == 1 and warnings[0].startswith("logger mlflow failed to start (")
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the bounds were for fedgmr's calls only
+
+
+class _NoStart(_FailAt):
+    def open(self, resume: bool, kept: Any) -> None:
+        raise PermissionError("token expired")
+
+
+def test_a_logger_that_cannot_start_is_dropped_with_one_warning_and_named_in_the_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    monkeypatch.setitem(LOGGERS._items, "nostart", _NoStart)
+    out = tmp_path / "r"
+    with caplog.at_level(logging.WARNING, logger="fedgmr"):
+        summary = run_experiment(config(["nostart", "tensorboard"]), out)
+    assert summary["status"] == "completed" and len(read_metrics(out)) == 6
+    assert summary["logger_failures"] == {"nostart": "start: PermissionError: token expired"}
+    assert len(tb_scalars(out, "accuracy")) == 6  # the other logger still logs
+    lines = [r.getMessage() for r in caplog.records if "nostart" in r.getMessage()]
+    assert lines == ["logger nostart failed to start (PermissionError: token expired); it is closed and logs "
+                     "nothing more, the run goes on"]
+    # nothing of the failed start blocks the next run in this directory
+    assert run_experiment(config([]), out, overwrite=True)["status"] == "completed"
+
+
+def test_a_run_whose_loggers_all_work_has_no_failures_key(tmp_path: Path):
+    summary = run_experiment(config(["tensorboard"], max_steps=4), tmp_path / "r")
+    assert "logger_failures" not in summary

@@ -14,6 +14,7 @@ that model (``sim/published/*``) beside the unfinished step's, and it is the one
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from fedgmr.errors import ConfigError, RunDirError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, tensors_under
 from fedgmr.experiment.diagnostics import masked_level_accuracy
-from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE, config_digest
+from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE, config_digest, read_run_text
 
 
 @dataclass
@@ -64,12 +65,16 @@ def level_labels(densities: Sequence[float]) -> list[str]:
 def _summary_steps(path: Path) -> int | None:
     """The ``steps`` of a run's summary; None when there is no summary. A summary that
     cannot be read (truncated, not JSON, no ``steps``) is a one-line RunDirError."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        steps = json.loads(path.read_text(encoding="utf-8")).get("steps")
+        # a regular file of bounded size only: a FIFO or a link to /dev/zero is one line, not a hang
+        steps = json.loads(read_run_text(path)).get("steps")
         if isinstance(steps, bool) or not isinstance(steps, int):
             raise ValueError("no steps")
+    except RunDirError as exc:
+        raise RunDirError(f"{exc}; restore it, or remove it to evaluate the checkpoint as an unfinished run") \
+            from None
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         raise RunDirError(f"{path} is damaged (truncated or not a run summary): restore it, or remove it to "
                           f"evaluate the checkpoint as an unfinished run") from None

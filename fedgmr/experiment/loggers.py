@@ -14,21 +14,27 @@ config is logged as parameters / hyperparameters and the summary at the end.
 * ``wandb``: W&B in offline mode (``$WANDB_MODE`` overrides), files under ``<run dir>/wandb/``.
 
 A missing library is one :class:`~fedgmr.errors.ConfigError` line before the run starts,
-naming the pip extra. Loggers are closed on every path (the run ends, fails, raises or is
-interrupted), and a resumed run appends to what the interrupted one logged, so each
-logger ends up holding exactly the records of ``metrics.jsonl``. Add your own with
+naming the pip extra, and so is an MLflow tracking server that cannot be reached (probed
+for :data:`PROBE_SECONDS`); MLflow's own HTTP retries are bounded (:data:`MLFLOW_HTTP_BOUNDS`).
+A logger that fails to start or fails later is dropped with one warning and the run goes
+on; the summary names it (``"logger_failures": {name: why}``). Loggers are closed on every
+path (the run ends, fails, raises or is interrupted), and a resumed run appends to what
+the interrupted one logged, so each logger ends up holding exactly the records of
+``metrics.jsonl``. Add your own with
 ``@LOGGERS.register("name")`` on a :class:`RunLogger` subclass.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 from fedgmr.errors import ConfigError, FedGMRError
 from fedgmr.registry import Registry
@@ -44,6 +50,15 @@ STATE_FILE = "loggers.json"
 #: every name the built-in loggers may write into a run directory; a run claims (and
 #: ``--overwrite`` removes) only those of the loggers it had (:meth:`RunLogger.entries`)
 LOGGER_ENTRIES: tuple[str, ...] = (STATE_FILE, f".{STATE_FILE}.tmp", "tensorboard", "mlruns", "wandb")
+
+#: how long the start of a run waits to reach a remote tracking server (MLflow over HTTP)
+PROBE_SECONDS = 5.0
+#: MLflow's HTTP client settings while fedgmr's logger calls it (unless set in the
+#: environment): its defaults retry an unreachable server for about 4 minutes per call
+MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+#: the summary's key naming the loggers that failed (logger name -> what failed)
+FAILURES_KEY = "logger_failures"
 
 #: list keys whose entries are named by another key of the same record
 LABELLED_BY = {"level_accuracy": "levels"}
@@ -143,6 +158,11 @@ class RunLogger:
             raise ConfigError(f"run.loggers: {name} needs the {cls.module} package: "
                               f"pip install 'fedgmr[{cls.extra or name}]'")
 
+    @classmethod
+    def reachable(cls, name: str, cfg: "ExperimentConfig") -> None:
+        """``ConfigError`` when the tracker's server cannot be reached (checked before the
+        run writes anything; default: nothing to check). Bounded in time."""
+
     def entries(self) -> tuple[str, ...]:
         """The names this logger writes in the run directory (files or folders): the run
         records them as its own before it starts, refuses to start when one of them exists
@@ -222,6 +242,28 @@ def _after_event_files(logdir: Path) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _mlflow_bounds() -> Iterator[None]:
+    """:data:`MLFLOW_HTTP_BOUNDS` for the calls in the block (each variable you set in the
+    environment is left as it is); the process's environment is restored after."""
+    added = {k: v for k, v in MLFLOW_HTTP_BOUNDS.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _bounded(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _mlflow_bounds():
+            return method(*args, **kwargs)
+
+    return call
+
+
 @LOGGERS.register("mlflow")
 class MLflowLogger(RunLogger):
     """An MLflow run (experiment: the config's ``name``) with the config as parameters,
@@ -240,10 +282,37 @@ class MLflowLogger(RunLogger):
         return (self.cfg.run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
                 or f"file:{(self.out / 'mlruns').resolve()}")
 
+    @classmethod
+    def reachable(cls, name: str, cfg: "ExperimentConfig") -> None:
+        """An ``http(s)://`` tracking URI must accept a connection within
+        :data:`PROBE_SECONDS` (else MLflow would retry for minutes, then stop the run)."""
+        import socket
+        from urllib.parse import urlsplit
+
+        uri = cfg.run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        source = "run.mlflow_uri" if cfg.run.mlflow_uri else "$MLFLOW_TRACKING_URI"
+        if not uri:
+            return
+        try:
+            parts = urlsplit(uri)
+            scheme, host = parts.scheme.lower(), parts.hostname
+            port = parts.port or (443 if scheme == "https" else 80)
+        except ValueError:
+            return  # not a URL MLflow would open over HTTP: its own error, at start
+        if scheme not in ("http", "https") or not host:
+            return
+        try:
+            socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+        except OSError as exc:
+            why = "no answer" if isinstance(exc, (socket.timeout, TimeoutError)) else (exc.strerror or str(exc))
+            raise ConfigError(f"run.loggers: mlflow cannot reach the tracking server {uri} ({source}): {why} "
+                              f"within {PROBE_SECONDS:g} s; start the server or fix {source}") from None
+
     def entries(self) -> tuple[str, ...]:
         local = not (self.cfg.run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"))
         return (STATE_FILE, f".{STATE_FILE}.tmp") + (("mlruns",) if local else ())
 
+    @_bounded
     def open(self, resume: bool, kept: Sequence[dict[str, Any]]) -> None:
         uri = self.uri()
         if uri.startswith("file:") or "://" not in uri:
@@ -279,6 +348,7 @@ class MLflowLogger(RunLogger):
         for record in backlog:
             self._log(record)
 
+    @_bounded
     def _logged(self, run_id: str) -> int | None:
         """How many records the run holds (None: the tracking store has no such run)."""
         try:
@@ -299,6 +369,7 @@ class MLflowLogger(RunLogger):
         self._metrics(scalars(record), _step(record, self.index))
         self.index += 1
 
+    @_bounded
     def _metrics(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
@@ -307,12 +378,14 @@ class MLflowLogger(RunLogger):
         for i in range(0, len(metrics), self.MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + self.MAX_METRICS])
 
+    @_bounded
     def finish(self, summary: dict[str, Any]) -> None:
         self._metrics(summary_scalars(summary), int(summary.get("steps") or 0))
         self.client.set_tag(self.run_id, "fedgmr.status", str(summary.get("status", "completed")))
         if (self.out / "summary.json").exists():
             self.client.log_artifact(self.run_id, str(self.out / "summary.json"))
 
+    @_bounded
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, {"completed": "FINISHED", "failed": "FAILED"}.get(status, "KILLED"))
 
@@ -358,25 +431,38 @@ class WandbLogger(RunLogger):
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]
+
+
 class RunLoggers:
     """The loggers ``cfg.run.loggers`` names, used as one; a context manager that closes
     each of them however the block ends (its status: ``interrupted`` for Ctrl-C or a run
     stopped early, ``failed`` for an exception, else the summary's).
 
-    A logger that fails while the run goes on is closed and dropped with a warning (the
-    run and its metrics.jsonl are not lost to a tracker's hiccup); one that fails to open
-    stops the run before its first step."""
+    A logger never stops or hangs a run: one that fails to open, or fails while the run
+    goes on, is closed and dropped with one warning (the run and its metrics.jsonl are not
+    lost to a tracker), and the run's ``summary.json`` names it under
+    :data:`FAILURES_KEY`. A tracking server that cannot be reached at all is refused by
+    :meth:`check`, before the run writes anything."""
 
     def __init__(self, cfg: "ExperimentConfig", out: Path) -> None:
         self.loggers = [LOGGERS.get(name)(name, cfg, out) for name in cfg.run.loggers]
+        self.out = out
         self.opened: list[RunLogger] = []
         self.status: str | None = None
+        #: logger name -> what failed (``could not start: ...``, ``failed to log a record: ...``)
+        self.failures: dict[str, str] = {}
+        self.summary: dict[str, Any] | None = None
 
     @staticmethod
     def check(cfg: "ExperimentConfig") -> None:
-        """Before anything runs: each named logger exists and its library is installed."""
+        """Before anything runs: each named logger exists, its library is installed and its
+        server (if any) can be reached (:meth:`RunLogger.reachable`, bounded in time)."""
         for name in cfg.run.loggers:
             LOGGERS.get(name).check(name)
+        for name in cfg.run.loggers:
+            LOGGERS.get(name).reachable(name, cfg)
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
@@ -385,29 +471,40 @@ class RunLoggers:
         """The names the loggers write in the run directory (:meth:`RunLogger.entries`)."""
         return {name for logger in self.loggers for name in logger.entries()}
 
+    def _failed(self, logger: RunLogger, what: str, exc: BaseException) -> None:
+        """One warning, and the failure kept for the summary."""
+        self.failures.setdefault(logger.name, f"{what}: {_why(exc)}")
+        if what == "close":
+            log.warning("logger %s failed to close (%s)", logger.name, _why(exc))
+        else:
+            log.warning("logger %s failed to %s (%s); it is closed and logs nothing more, the run goes on",
+                        logger.name, what, _why(exc))
+        log.debug("logger %s failed", logger.name, exc_info=exc)
+
     def open(self, resume: bool, kept: Callable[[], Sequence[dict[str, Any]]]) -> None:
         """Open every logger (``kept``: the records a resumed run keeps, read only when a
-        logger is configured)."""
+        logger is configured). One that cannot start is left out with a warning."""
         if not self.loggers:
             return
         records = kept() if resume else []
         for logger in self.loggers:
             try:
                 logger.open(resume, records)
-            except Exception as exc:  # noqa: BLE001 - a tracker's own error becomes one line
-                if isinstance(exc, FedGMRError):
-                    raise
-                raise FedGMRError(f"run.loggers: {logger.name} could not start: {type(exc).__name__}: "
-                                  f"{(str(exc).splitlines() or [''])[0]}") from exc
+            except Exception as exc:  # noqa: BLE001 - a tracker's own error: the run goes on without it
+                self._failed(logger, "start", exc)
+                try:
+                    logger.close("failed")
+                except Exception:  # noqa: BLE001 - half-opened: nothing more to do
+                    pass
+                continue
             self.opened.append(logger)
 
     def _each(self, what: str, call: Callable[[RunLogger], None]) -> None:
         for logger in list(self.opened):
             try:
                 call(logger)
-            except Exception:  # noqa: BLE001
-                log.warning("logger %s failed to %s; it is closed and logs nothing more", logger.name, what,
-                            exc_info=True)
+            except Exception as exc:  # noqa: BLE001
+                self._failed(logger, what, exc)
                 self.opened.remove(logger)
                 try:
                     logger.close("failed")
@@ -418,17 +515,35 @@ class RunLoggers:
         self._each("log a record", lambda lg: lg.log(record))
 
     def finish(self, summary: dict[str, Any]) -> None:
+        """Log the summary; a run whose loggers failed gets :data:`FAILURES_KEY` in its
+        ``summary.json`` (and in ``summary``)."""
         self.status = "failed" if summary.get("status") == "failed" else "completed"
+        self.summary = summary
         self._each("log the summary", lambda lg: lg.finish(summary))
+        self._publish()
+
+    def _publish(self) -> None:
+        """Name the failed loggers in the written summary (rewritten atomically)."""
+        if not self.failures or self.summary is None or self.summary.get(FAILURES_KEY) == self.failures:
+            return
+        from fedgmr.experiment.rundir import SUMMARY_FILE, write_atomic
+
+        self.summary[FAILURES_KEY] = dict(self.failures)
+        try:
+            write_atomic(self.out / SUMMARY_FILE, json.dumps(self.summary, indent=2) + "\n")
+        except FedGMRError as exc:
+            log.warning("could not name the failed loggers in %s: %s", self.out / SUMMARY_FILE, exc)
 
     def close(self, status: str) -> None:
-        """Close every open logger; a failure to close one is a warning."""
+        """Close every open logger; a failure to close one is a warning (and named in the
+        summary when the run wrote one)."""
         while self.opened:
             logger = self.opened.pop()
             try:
                 logger.close(status)
-            except Exception:  # noqa: BLE001
-                log.warning("closing logger %s failed", logger.name, exc_info=True)
+            except Exception as exc:  # noqa: BLE001
+                self._failed(logger, "close", exc)
+        self._publish()
 
     def __enter__(self) -> "RunLoggers":
         return self

@@ -12,23 +12,28 @@ the rest; a failing cell is recorded with its error and does not stop the others
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedgmr.config import ExperimentConfig, dump_config, parse_value, read_config_file, set_dotted
 from fedgmr.errors import ConfigError, FedGMRError, RunDirError
+
+log = logging.getLogger(__name__)
 
 INDEX_FILE = "sweep.json"
 CONFIG_DIR = "configs"
@@ -137,10 +142,19 @@ class Cell:
     result: dict[str, Any] = field(default_factory=dict)
     #: the cell's value on each axis of the grid (``preset``, ``case`` and the grid's keys)
     point: dict[str, Any] = field(default_factory=dict)
+    #: whether this sweep process decides the cell's status in ``sweep.json`` (a cell it
+    #: runs or skips); the others' entries are merged from the index on disk, where another
+    #: sweep into the same directory may have recorded them
+    mine: bool = field(default=False, repr=False)
+    #: the process (pid; 0 when unknown) of another sweep that runs this cell: it is left to it
+    elsewhere: int | None = field(default=None, repr=False)
 
     def index_entry(self) -> dict[str, Any]:
-        return {"name": self.name, "base": self.base, "overrides": self.overrides, "point": self.point,
-                "status": self.status, "error": self.error, **self.result}
+        entry = {"name": self.name, "base": self.base, "overrides": self.overrides, "point": self.point,
+                 "status": self.status, "error": self.error, **self.result}
+        if self.elsewhere is not None:
+            entry["note"] = "running in another process" + (f" ({self.elsewhere})" if self.elsewhere else "")
+        return entry
 
 
 #: the paper's tables as sweep files, shipped with the package (``fedgmr sweep table1``)
@@ -162,9 +176,9 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = (),
     path = Path(path)
     if not path.is_file() and str(path) in shipped_sweeps():
         path = SHIPPED / f"{path}.yaml"
-    if not path.is_file():
+    if not path.is_file() and not (os.path.lexists(path) and not path.is_dir()):
         raise ConfigError(f"sweep file {path} does not exist (shipped sweeps: {', '.join(shipped_sweeps())})")
-    raw = read_config_file(path)
+    raw = read_config_file(path)  # a FIFO or a device (a link to /dev/zero): one line, never read
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep file {path}: the top level must be a mapping (name, base, set, grid, cases, "
                           "imports)")
@@ -352,6 +366,11 @@ class SweepOutcome:
     def failed(self) -> list[Cell]:
         return [c for c in self.cells if c.status == "failed"]
 
+    @property
+    def elsewhere(self) -> list[Cell]:
+        """Cells another sweep into the same directory was running: left to it."""
+        return [c for c in self.cells if c.elsewhere is not None and c.status != "done"]
+
 
 def check_out(out: Path) -> None:
     """Refuse a sweep directory that cannot be one (a file, below a file, an empty name),
@@ -377,15 +396,119 @@ def _make_out(out: Path) -> None:
         raise RunDirError(f"cannot make the sweep directory {out}: {exc.strerror or exc}") from None
 
 
-def _write_index(out: Path, spec: SweepSpec, sweep_file: Path, cells: list[Cell]) -> None:
-    data = {"name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
-            "cells": [c.index_entry() for c in cells]}
-    tmp = out / f".{INDEX_FILE}.tmp"
+#: the lock of ``sweep.json``'s read-merge-write (``flock``): two sweeps into one directory
+INDEX_LOCK = ".sweep.lock"
+#: the longest wait for the index lock (the other sweep holds it for one read and write)
+INDEX_LOCK_WAIT = 60.0
+#: the keys of a ``sweep.json`` entry that describe the cell (the others record its outcome)
+_CELL_KEYS = ("name", "base", "overrides", "point")
+
+
+@contextlib.contextmanager
+def _index_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.sweep.lock`` (exclusive ``flock``, never through a link) while the index
+    is read, merged and written; POSIX only (elsewhere: no lock)."""
+    from fedgmr.experiment.rundir import open_for_write
+
     try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, out / INDEX_FILE)
-    except OSError as exc:
-        raise RunDirError(f"cannot write {out / INDEX_FILE}: {exc.strerror or exc}") from None
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = open_for_write(out / INDEX_LOCK, os.O_RDWR)
+    try:
+        deadline = time.monotonic() + INDEX_LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RunDirError(f"{out / INDEX_LOCK} stayed locked for {INDEX_LOCK_WAIT:g} s: another sweep "
+                                      f"into {out} is stuck writing {INDEX_FILE}") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_index(out: Path, spec: SweepSpec, sweep_file: Path, cells: list[Cell]) -> None:
+    """Write ``sweep.json`` for ``cells``, merged under :data:`INDEX_LOCK` with the index on
+    disk: a cell this process does not decide (:attr:`Cell.mine` false: outside this pass,
+    or run by another sweep) keeps the status another sweep recorded for it, unless this
+    process saw it finished. Two sweeps into one directory never undo each other's cells."""
+    from fedgmr.experiment.rundir import write_atomic
+
+    with _index_lock(out):
+        disk = _read_json(out / INDEX_FILE) or {}
+        recorded = {e.get("name"): e for e in disk.get("cells", []) if isinstance(e, dict)} \
+            if isinstance(disk.get("cells"), list) else {}
+        entries = []
+        for cell in cells:
+            entry = cell.index_entry()
+            old = recorded.get(cell.name)
+            if (not cell.mine and cell.status != "done" and isinstance(old, dict)
+                    and old.get("overrides") == entry["overrides"] and old.get("status") not in (None, "pending")):
+                entry = {**{k: entry[k] for k in _CELL_KEYS}, **{k: v for k, v in old.items() if k not in _CELL_KEYS}}
+            entries.append(entry)
+        data = {"name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
+                "cells": entries}
+        write_atomic(out / INDEX_FILE, json.dumps(data, indent=2) + "\n")
+
+
+def _lock_holder(cell_dir: Path) -> int | None:
+    """The process holding the run lock of ``cell_dir`` (a cell another sweep runs), 0 when
+    it is held by a process that cannot be named; None when it is free. Read from
+    ``/proc/locks`` on Linux (nothing is locked to ask); elsewhere by trying the lock."""
+    from fedgmr.experiment.rundir import LOCK_FILE
+
+    path = cell_dir / LOCK_FILE
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            table = fh.read(1 << 22)
+    except OSError:
+        table = None
+    if table is not None:
+        for line in table.splitlines():
+            fields = line.split()
+            if "FLOCK" not in fields:
+                continue
+            i = fields.index("FLOCK")
+            try:
+                pid, (major, minor, ino) = int(fields[i + 3]), fields[i + 4].split(":")
+                if (int(major, 16), int(minor, 16), int(ino)) == (os.major(st.st_dev), os.minor(st.st_dev),
+                                                                   st.st_ino):
+                    return pid
+            except (IndexError, ValueError):
+                continue
+        return None
+    try:  # pragma: no cover - not Linux: try the lock (shared, released at once)
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except (ImportError, OSError):
+        return None
+    try:  # pragma: no cover
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:  # pragma: no cover
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _leave_to_other(cell: Cell, pid: int) -> None:
+    """Mark ``cell`` as run by another process: not this pass's to run, not failed."""
+    cell.status, cell.error, cell.mine, cell.elsewhere = "running", None, False, pid
+    log.warning("sweep cell %s is running in another process%s: left to it (rerun the sweep once it ends to "
+                "collect it)", cell.name, f" ({pid})" if pid else "")
 
 
 def _what_it_computes(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -415,7 +538,7 @@ def _cell_state(cell_dir: Path, cfg: ExperimentConfig) -> Literal["new", "done",
     saved = cell_dir / "config.yaml"
     if saved.exists() and not same_experiment(saved, cfg):
         return "changed"
-    if (cell_dir / "summary.json").exists() and saved.exists():
+    if os.path.lexists(cell_dir / "summary.json") and saved.exists():
         summary = _read_json(cell_dir / "summary.json")
         if summary is not None and summary.get("status", "completed") != "failed":
             return "done"
@@ -426,10 +549,15 @@ def _cell_state(cell_dir: Path, cfg: ExperimentConfig) -> Literal["new", "done",
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object of a sweep or run directory (None: missing, damaged, or not a regular
+    file - a FIFO or a link to /dev/zero is never read)."""
+    from fedgmr.experiment.rundir import read_run_text
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_run_text(path))
+    except (OSError, ValueError, FedGMRError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _headline(cell_dir: Path) -> dict[str, Any]:
@@ -504,6 +632,11 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
             (out / CONFIG_DIR / f"{cell.name}.yaml").write_text(dump_config(cell.config))  # type: ignore[arg-type]
         except OSError as exc:
             raise RunDirError(f"cannot write {out / CONFIG_DIR / f'{cell.name}.yaml'}: {exc.strerror or exc}") from None
+        holder = _lock_holder(out / cell.name)
+        if holder is not None:  # another sweep into this directory runs it now
+            _leave_to_other(cell, holder)
+            continue
+        cell.mine = True
         state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
         if state == "done":
             cell.status, cell.result = "done", _headline(out / cell.name)
@@ -518,7 +651,7 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
             todo.append((cell, state))
     finished = len(cells) - len(todo)
     for cell in cells:
-        if cell.status in ("done", "failed"):
+        if cell.status in ("done", "failed") and cell.elsewhere is None:
             notify("skip" if cell.status == "done" else "fail", cell, finished, len(cells))
     this_pass = {c.name: c for c in cells}
     for cell in every:  # the cells this pass leaves alone: as a full pass would find them
@@ -535,10 +668,40 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
 
 
 def _finish(cell: Cell, out: Path, rc: int, error: str | None) -> None:
-    if rc == 0 and (out / cell.name / "summary.json").exists():
+    """Record how the cell's process ended. A cell refused because another sweep runs it
+    (its directory is locked) is left to that sweep, and one that another sweep finished
+    meanwhile (this process was refused: it already holds a run) is done, not failed."""
+    cell_dir = out / cell.name
+    if rc == 0 and (cell_dir / "summary.json").exists():
+        cell.status, cell.error, cell.result = "done", None, _headline(cell_dir)
+        return
+    if rc == RunDirError.exit_code:
+        holder = _lock_holder(cell_dir)
+        if holder is not None:
+            _leave_to_other(cell, holder)
+            return
+        if cell.config is not None and _cell_state(cell_dir, cell.config) == "done":
+            log.warning("sweep cell %s was finished by another process meanwhile: its result is kept", cell.name)
+            cell.status, cell.error, cell.result = "done", None, _headline(cell_dir)
+            return
+    cell.status, cell.error = "failed", error or f"exit code {rc}"
+
+
+def _claim_at_start(cell: Cell, out: Path, state: str) -> str | None:
+    """Just before a queued cell starts: its state again (another sweep into the same
+    directory may have run it since this pass looked); None when it is not to start here
+    (running in another process, or finished meanwhile)."""
+    if cell.config is None:
+        return state
+    holder = _lock_holder(out / cell.name)
+    if holder is not None:
+        _leave_to_other(cell, holder)
+        return None
+    now = _cell_state(out / cell.name, cell.config)
+    if now == "done":
         cell.status, cell.error, cell.result = "done", None, _headline(out / cell.name)
-    else:
-        cell.status, cell.error = "failed", error or f"exit code {rc}"
+        return None
+    return state if now == "changed" else now
 
 
 def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[Cell], spec: SweepSpec,
@@ -552,35 +715,44 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
         while queue or running:
             while queue and len(running) < jobs:
                 cell, state = queue.pop(0)
-                log = open(out / LOG_DIR / f"{cell.name}.log", "a")
-                proc = subprocess.Popen(cell_command(cell, out, state, spec.imports), stdout=log,
+                started = _claim_at_start(cell, out, state)
+                if started is None:  # run elsewhere, or finished there meanwhile
+                    finished += 1
+                    if cell.status == "done":
+                        notify("skip", cell, finished, len(cells))
+                    continue
+                fh = open(out / LOG_DIR / f"{cell.name}.log", "a")
+                proc = subprocess.Popen(cell_command(cell, out, started, spec.imports), stdout=fh,
                                         stderr=subprocess.STDOUT, env=env)
-                running[proc] = (cell, log)
+                running[proc] = (cell, fh)
                 cell.status = "running"
                 notify("start", cell, finished, len(cells))
             _write_index(out, spec, sweep_file, index)
+            if not running:
+                continue
             while not any(p.poll() is not None for p in running):
                 time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
-                cell, log = running.pop(proc)
-                log.close()
+                cell, fh = running.pop(proc)
+                fh.close()
                 _finish(cell, out, proc.returncode, _last_error(out / LOG_DIR / f"{cell.name}.log")
                         if proc.returncode else None)
                 finished += 1
-                notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
+                if cell.elsewhere is None:
+                    notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
             _write_index(out, spec, sweep_file, index)
     finally:
         # an interrupted sweep stops its cells (each resumes from its checkpoint next time)
-        for proc, (cell, log) in running.items():
+        for proc, (cell, fh) in running.items():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc, (cell, log) in running.items():
+        for proc, (cell, fh) in running.items():
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            log.close()
-            if cell.status == "running":
+            fh.close()
+            if cell.status == "running" and cell.elsewhere is None:
                 cell.status = "pending"
         _write_index(out, spec, sweep_file, index)
 
@@ -607,7 +779,11 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
     refs = {}
     try:
         for cell, state in todo:
-            refs[remote.remote(cell_command(cell, out, state, spec.imports), str(out / LOG_DIR / f"{cell.name}.log"),
+            started = _claim_at_start(cell, out, state)
+            if started is None:  # run elsewhere, or finished there meanwhile
+                finished += 1
+                continue
+            refs[remote.remote(cell_command(cell, out, started, spec.imports), str(out / LOG_DIR / f"{cell.name}.log"),
                                _module_path(spec.imports))] = cell
             cell.status = "running"
             notify("start", cell, finished, len(cells))
@@ -622,7 +798,8 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
                     rc, error = 1, f"ray task failed: {str(exc).splitlines()[0]}"
                 _finish(cell, out, rc, error)
                 finished += 1
-                notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
+                if cell.elsewhere is None:
+                    notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
             _write_index(out, spec, sweep_file, index)
     finally:
         for ref, cell in refs.items():

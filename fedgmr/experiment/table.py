@@ -22,7 +22,8 @@ import yaml
 
 from pydantic import ValidationError
 
-from fedgmr.errors import ConfigError, FedGMRError
+from fedgmr.errors import ConfigError, FedGMRError, RunDirError
+from fedgmr.experiment.rundir import read_run_text
 from fedgmr.experiment.stats import CONFIDENCE, PairedDiff, Stabilisation, paired_difference, stabilisation_time
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, finite_number, flatten_config,
                                       metric_at_t,
@@ -92,9 +93,9 @@ def _sweep_rank(root: Path) -> Any:
     them, by path."""
     order: dict[str, int] = {}
     try:
-        index = json.loads((root / "sweep.json").read_text())
+        index = json.loads(read_run_text(root / "sweep.json"))
         order = {str(c["name"]): i for i, c in enumerate(index["cells"])}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, FedGMRError):  # no index, or a FIFO/device: path order
         pass
     return lambda p: (order.get(str(p.relative_to(root)), len(order)), str(p))
 
@@ -107,7 +108,7 @@ def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
     expanded again from the sweep spec they keep."""
     from fedgmr.experiment.sweep import SweepSpec, expand, is_case_axis
 
-    index = json.loads((Path(directory) / "sweep.json").read_text())
+    index = json.loads(read_run_text(Path(directory) / "sweep.json"))
     cells = index["cells"]
     if all("point" in c for c in cells):
         points = {str(c["name"]): c["point"] for c in cells}
@@ -149,7 +150,9 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
     """A run's config and its evaluation series of ``metric`` (the global test accuracy,
     or a personalised one); one-line errors for a damaged run."""
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text())
+        config = yaml.safe_load(read_run_text(path / "config.yaml"))
+    except RunDirError:  # a FIFO, a device, a file above the bound: one line, never a hang
+        raise
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise FedGMRError(f"{path / 'config.yaml'} is unreadable: {str(exc).splitlines()[0]}") from None
     if not isinstance(config, dict):

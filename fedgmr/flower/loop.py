@@ -85,6 +85,11 @@ class LoopSettings:
     trigger: Literal["k", "deadline"] = "k"
     slack: float = 0.5
     reply_timeout: float = 60.0
+    #: a client whose instruction failed (an error reply, no reply within
+    #: ``reply_timeout``, an instruction the link refused) n times in a row rests for
+    #: ``min(2**(n-1), max_rest_steps)`` server steps before it is sent work again (0: no
+    #: rest); a reply ends the rest. When nobody else is at work, it is sent work anyway
+    max_rest_steps: int = 16
     step_timeout: float = 30.0
     max_wall: float | None = None
     eval_every: int = 5
@@ -113,7 +118,17 @@ class LoopStats:
     downloads: int = 0
     #: clients that never replied in the whole run and were still awaited at its end
     unanswered: int = 0
+    #: clients that had replied before but were still awaited when the run ended (e.g. a
+    #: node killed after replying, within the reply timeout)
+    awaited: int = 0
     log: list[str] = field(default_factory=list)
+    #: per node id: ``sent`` (instructions), ``replies``, ``errors`` (error replies),
+    #: ``timeouts``, ``skipped`` (dispatches left out while it rested after failures) and,
+    #: at the end, ``awaited_at_end`` (an instruction still in flight: seconds since sent)
+    nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def node(self, node_id: int) -> dict[str, Any]:
+        return self.nodes.setdefault(node_id, {"sent": 0, "replies": 0, "errors": 0, "timeouts": 0, "skipped": 0})
 
 
 class BufferedServerLoop:
@@ -154,9 +169,13 @@ class BufferedServerLoop:
         self.waiting: set[int] = set()  # heard from (or given up on) since the last step
         self.quarantine = Quarantine(quarantine or QuarantinePolicy(after=0))
         self.benched: set[int] = set()  # slots whose node is quarantined: no work until released
+        self.failures: dict[int, int] = {}  # slot -> instructions failed in a row (error, timeout, refused)
+        self.rest_until: dict[int, int] = {}  # slot -> the server step before which it gets no work
         self.queue: list[Any] = []
         self.dispatches = [0] * strategy.num_clients
         self.stats = LoopStats()
+        for node in self.node_of_slot.values():
+            self.stats.node(node)
         self.records: list[dict[str, Any]] = []
         if settings.mode not in ("semi_async", "sync") or settings.trigger not in ("k", "deadline"):
             raise ValueError(f"unknown coordination: mode {settings.mode!r}, trigger {settings.trigger!r}")
@@ -167,9 +186,29 @@ class BufferedServerLoop:
         self._last_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
 
     # ------------------------------------------------------------------ dispatch
+    def _resting(self, slot: int) -> bool:
+        return self.rest_until.get(slot, 0) > self.strategy.version
+
+    def _failed(self, slot: int) -> None:
+        """An instruction of ``slot`` failed: it rests for a while (see ``max_rest_steps``)."""
+        n = self.failures.get(slot, 0) + 1
+        self.failures[slot] = n
+        rest = min(2 ** (n - 1), self.settings.max_rest_steps)
+        if rest > 0:
+            self.rest_until[slot] = self.strategy.version + rest
+            if n > 1:
+                log.warning("client %d (node %d) failed %d times in a row: no work for it for %d server steps",
+                            slot, self.node_of_slot[slot], n, rest)
+
     def _dispatch(self, slots: Iterable[int]) -> None:
         busy = {f.slot for f in self.in_flight.values()}
-        for slot in sorted(set(slots) - busy):
+        todo = sorted(set(slots) - busy)
+        # a client resting after failed instructions is passed over, unless nobody could work otherwise
+        if self.in_flight or any(not self._resting(s) for s in todo):
+            for slot in [s for s in todo if self._resting(s)]:
+                self.stats.node(self.node_of_slot[slot])["skipped"] += 1
+                todo.remove(slot)  # stays in self.waiting: offered work again after the next step
+        for slot in todo:
             if self.quarantine.blocked(self.node_of_slot[slot], self.clock()):
                 self.waiting.discard(slot)
                 self.benched.add(slot)
@@ -188,7 +227,9 @@ class BufferedServerLoop:
                 log.warning("client %d (node %d): instruction was not accepted; retrying after the next step",
                             slot, self.node_of_slot[slot])
                 self.waiting.add(slot)
+                self._failed(slot)
                 continue
+            self.stats.node(self.node_of_slot[slot])["sent"] += 1
             self.stats.bytes_down += nbytes
             self.stats.downloads += 1
             self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask, a.density)
@@ -232,11 +273,18 @@ class BufferedServerLoop:
         self.waiting.add(slot)
         self.stats.replies += 1
         self.stats.bytes_up += arrived.nbytes
+        node = self.stats.node(self.node_of_slot[slot])
+        node["replies"] += 1
+        node["last_reply_s"] = round(self.clock() - self.t0, 3)
         if arrived.error is not None:
             self.stats.errors += 1
+            node["errors"] += 1
             log.warning("client %d (node %d) failed: %s; going on without it", slot, self.node_of_slot[slot],
                         arrived.error)
+            self._failed(slot)
             return False
+        self.failures.pop(slot, None)  # it answered: any rest ends
+        self.rest_until.pop(slot, None)
         if arrived.node_id != self.node_of_slot[slot]:
             self._reject(slot, f"reply came from node {arrived.node_id!r}, not node {self.node_of_slot[slot]}")
             return False
@@ -278,6 +326,8 @@ class BufferedServerLoop:
                 del self.in_flight[msg_id]
                 self.waiting.add(f.slot)
                 self.stats.timeouts += 1
+                self.stats.node(self.node_of_slot[f.slot])["timeouts"] += 1
+                self._failed(f.slot)
                 log.warning("client %d (node %d) did not reply within %.1f s; going on without it",
                             f.slot, self.node_of_slot[f.slot], self.settings.reply_timeout)
 
@@ -404,10 +454,17 @@ class BufferedServerLoop:
             self._evaluate()
         now = self.clock()
         for f in self.in_flight.values():
+            node = self.node_of_slot[f.slot]
+            self.stats.node(node)["awaited_at_end"] = round(now - f.sent, 3)
             if f.slot not in self._replied:  # in flight since the start: a silent node
                 self.stats.unanswered += 1
                 log.warning("client %d (node %d) never replied: its instruction was %.0f s in flight when the run "
-                            "ended", f.slot, self.node_of_slot[f.slot], now - f.sent)
+                            "ended", f.slot, node, now - f.sent)
+            else:  # it replied before, then went quiet (e.g. killed) within the reply timeout
+                self.stats.awaited += 1
+                log.warning("client %d (node %d) had not replied when the run ended: its instruction was %.0f s in "
+                            "flight (its last reply came %.0f s after the start)", f.slot, node, now - f.sent,
+                            self.stats.node(node).get("last_reply_s", 0.0))
         return self.records
 
 
@@ -476,9 +533,13 @@ def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int, *, name
         "rejected_updates": last["rejected"], "wall_time_s": round(last["wall_time"], 3),
         "evaluations": len(records), "eval_interval": None,  # a step cadence: no virtual-time grid
         "nodes": nodes, "clipped_updates": last.get("clipped", 0), "capped_sample_counts": last.get("capped", 0),
-        "timeouts": stats.timeouts, "unanswered": stats.unanswered, "client_errors": stats.errors,
+        "timeouts": stats.timeouts, "unanswered": stats.unanswered, "awaited_at_end": stats.awaited,
+        "client_errors": stats.errors,
         "replies": stats.replies, "final_loss": None if math.isnan(last["loss"]) else last["loss"],
         "quarantines": last.get("quarantines", 0),
+        # per node: instructions sent, replies, errors, timeouts, dispatches skipped while it
+        # rested after failures, and the seconds an instruction was in flight at the end
+        "per_node": {str(node): dict(counts) for node, counts in sorted(stats.nodes.items())},
     }
     if t_star is not None:
         mean, std = acc_at_t([r["time"] for r in records], [r["accuracy"] for r in records], t_star)

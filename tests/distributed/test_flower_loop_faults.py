@@ -4,6 +4,7 @@ do not stall the loop. No Flower processes (the loop and payloads import no Flow
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -430,3 +431,80 @@ def test_server_app_refuses_client_sampling():
     with pytest.raises(ConfigError, match="clients.concurrency 2 samples clients per round"):
         refuse_client_state(resolve_config(tiny_config(clients={"num_clients": 4, "concurrency": 2})))
     refuse_client_state(resolve_config(tiny_config(clients={"num_clients": 4, "concurrency": 4})))
+
+
+# ---------------------------------------------------------------------------- per-node bookkeeping (issue 42, item 10)
+class _KilledAfterReplying(_CountingLink):
+    """Node ``victim`` answers its first instruction, then is killed: later ones go unanswered."""
+
+    victim = 2
+
+    def push(self, node_id: int, fields: Mapping[str, Any], ttl: float, group: str) -> str:
+        if node_id == self.victim and self.to.count(node_id) >= 1:
+            self.to.append(node_id)
+            self.pushed += 1
+            return uuid.uuid4().hex  # never answered
+        return super().push(node_id, fields, ttl, group)
+
+
+def test_a_node_killed_after_replying_is_in_the_summary_when_the_run_ends_within_the_reply_timeout(run_config,
+                                                                                                   caplog):
+    from fedgmr.flower.loop import summary
+
+    link = _KilledAfterReplying(run_config)
+    loop = _loop(run_config, link, steps=4, k=2, reply_timeout=60.0, step_timeout=60.0)
+    with caplog.at_level(logging.WARNING, logger="fedgmr"):
+        records = loop.run()
+    assert loop.strategy.version == 4 and loop.stats.timeouts == 0 and loop.stats.unanswered == 0
+    out = summary(records, loop.stats, 4)
+    node = out["per_node"]["2"]
+    assert node["replies"] == 1 and node["sent"] == 2 and node["awaited_at_end"] >= 0
+    # every client with an instruction in flight at the end is counted (honest ones whose
+    # reply had not been pulled yet too): the killed node is among them, by its id
+    awaited = [n for n, counts in out["per_node"].items() if "awaited_at_end" in counts]
+    assert "2" in awaited and out["awaited_at_end"] == len(awaited)
+    assert sum(n["sent"] for n in out["per_node"].values()) == out["downloads"]
+    assert sum(n["replies"] for n in out["per_node"].values()) == out["replies"]
+    assert any("client 2 (node 2) had not replied when the run ended" in r.getMessage() for r in caplog.records)
+    json.dumps(out)  # the summary stays JSON
+
+
+def test_a_dead_node_is_not_sent_work_every_step(run_config, caplog):
+    link = _CountingLink(run_config, {1: "crash"})
+    loop = _loop(run_config, link, steps=12, k=2)
+    with caplog.at_level(logging.WARNING, logger="fedgmr"):
+        loop.run()
+    assert loop.strategy.version == 12
+    # failures in a row rest it 1, 2, 4, 8 steps: 4 instructions in 12 steps, not one per step
+    assert link.to.count(1) <= 5 < min(link.to.count(n) for n in (0, 2, 3))
+    assert loop.stats.nodes[1]["errors"] == link.to.count(1) and loop.stats.nodes[1]["skipped"] > 0
+    assert any("client 1 (node 1) failed 2 times in a row: no work for it for 2 server steps" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_node_that_comes_back_gets_work_every_step_again(run_config):
+    class Flaky(_CountingLink):
+        """Node 1 fails its first two instructions, then works."""
+
+        def push(self, node_id: int, fields: Mapping[str, Any], ttl: float, group: str) -> str:
+            if node_id == 1 and self.to.count(1) < 2:
+                self.to.append(node_id)
+                msg_id = uuid.uuid4().hex
+                self.replies[msg_id] = _Arrived(msg_id, node_id, {}, "ClientApp raised: node restarting", 0)
+                return msg_id
+            return super().push(node_id, fields, ttl, group)
+
+    link = Flaky(run_config)
+    loop = _loop(run_config, link, steps=14, k=2)
+    loop.run()
+    assert loop.strategy.version == 14
+    assert loop.stats.nodes[1]["errors"] == 2 and loop.stats.nodes[1]["replies"] > 4
+    assert 1 not in loop.failures and 1 not in loop.rest_until  # the rest ended with its first reply
+
+
+def test_resting_never_stalls_a_run_whose_every_node_fails(run_config):
+    link = _CountingLink(run_config, {n: "crash" for n in range(4)})
+    loop = _loop(run_config, link, steps=3, k=2)
+    loop.settings.max_wall = 3.0
+    loop.run()  # no update can be aggregated: it ends at max_wall, sending work to resting nodes meanwhile
+    assert loop.strategy.version == 0 and loop.stats.errors >= 8
