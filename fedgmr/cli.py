@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ def _fail(exc: Exception) -> None:
 
 def _import_option(what: str = "before anything runs") -> Any:
     """The repeatable ``--import`` option of the commands that read configs."""
-    return typer.Option([], "--import", help=f"import your module {what} (a name importable from here or a .py "
+    return typer.Option([], "--import", metavar="MODULE",
+                        help=f"import your module {what} (a name importable from here or a .py "
                         "file), so what it registers (models, data sets, methods, rules, policies) can be named; "
                         "repeatable")
 
@@ -99,10 +101,12 @@ def resolve(config: str, overrides: list[str]):
 @app.command()
 def run(
     config: Optional[str] = typer.Argument(None, help="config file (YAML/TOML) or preset name"),
-    out_arg: Optional[str] = typer.Option(None, "--out", "-o", help="run directory to write"),
-    set_: list[str] = typer.Option([], "--set", "-s", help="override a key: --set training.lr=0.1"),
-    resume_arg: Optional[str] = typer.Option(None, "--resume", help="continue the interrupted run in this directory "
-                                          "from its last checkpoint, with its saved config (no CONFIG, --set, --out)"),
+    out_arg: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR", help="run directory to write"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+                                  help="override a key: --set training.lr=0.1; repeatable"),
+    resume_arg: Optional[str] = typer.Option(None, "--resume", metavar="DIR",
+                                             help="continue the interrupted run in this directory from its "
+                                             "last checkpoint, with its saved config (no CONFIG, --set, --out)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only the files "
                                    "fedgmr wrote, checkpoint included)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar (on a terminal) and no progress "
@@ -111,13 +115,12 @@ def run(
 ) -> None:
     """Run one experiment and write its directory.
 
-    Exit codes: 0 done, 2 bad config or usage, 3 run directory problem (holds a run,
-    in use, damaged or mismatched checkpoint, not writable), 4 data, 5 the run failed
-    (no progress; its metrics and a failed summary are written), 6 an --import failed,
-    130 interrupted.
+    Exit codes: 0 done, 2 bad config or usage, 3 run directory problem (holds a run, \
+in use, damaged or mismatched checkpoint, not writable), 4 data, 5 the run failed (no \
+progress; its metrics and a failed summary are written), 6 an --import failed, 130 \
+interrupted.
     """
-    from fedgmr.experiment.runner import run_experiment, saved_config
-
+    # usage and the config are checked before the runner (and PyTorch) is imported: a mistake answers at once
     _import_user_code(imports)
     cfg = None
     # "" would be the current directory: refused rather than run into it
@@ -139,6 +142,8 @@ def run(
                 raise ConfigError(f"--resume continues the run exactly as saved in {resume}; drop "
                                   f"{', '.join(extra)} (to change anything but run.device, start a new run "
                                   f"with --out)")
+            from fedgmr.experiment.runner import saved_config
+
             cfg = saved_config(resume)
             if device_sets:
                 cfg = parse_config(apply_overrides(cfg.model_dump(mode="json"), device_sets[-1:]))
@@ -149,7 +154,10 @@ def run(
                 raise ConfigError("give --out DIR for the run directory")
             cfg = resolve(config, set_)
         bar, every = _progress_mode(quiet)
-        t0 = time.perf_counter()
+        _check_device(cfg.run.device)
+        _warn_t_star(cfg)
+        from fedgmr.experiment.runner import run_experiment
+
         summary = run_experiment(cfg, target, resume=resume is not None, progress=bar, overwrite=overwrite,
                                  progress_every=every)
     except FedGMRError as exc:
@@ -158,19 +166,93 @@ def run(
     except KeyboardInterrupt:
         typer.echo(_interrupted_message(cfg, target), err=True)
         raise typer.Exit(130)
-    typer.echo(f"{summary['method']}: final accuracy {100 * summary['final_accuracy']:.2f}% at "
-               f"t={summary['time']:,.1f}s after {summary['steps']} steps "
-               f"({time.perf_counter() - t0:.1f}s wall) -> {target}")
+    typer.echo(f"{summary['method']}: {final_result(summary)} at t={summary['time']:,.1f}s after "
+               f"{summary['steps']} steps ({summary['wall_time_s']:.1f}s wall) -> {target}")
     rejected = summary.get("rejected_updates") or 0
     if rejected:
         typer.echo(f"warning: the server rejected {rejected:,} of {summary.get('uploads') or 0:,} client updates "
                    "(the log says which and why); the result may not be the method's", err=True)
 
 
+def final_result(summary: dict[str, Any]) -> str:
+    """What a finished run is judged by, for its printed line: ``final accuracy 96.38%``
+    (the global model), or for a personalised method (summary ``headline_metric``) the
+    clients' own models: ``final personal accuracy 88.70% ± 3.10 (worst 10%: 80.00%)``,
+    with the global model's figure, labelled, only where that model means something (Ditto)."""
+    if summary.get("headline_metric") != "personal_accuracy":
+        return f"final accuracy {100 * summary['final_accuracy']:.2f}%"
+    personal = summary.get("personal_accuracy") or {}
+
+    def pct(value: Any) -> str:
+        return "n/a" if not isinstance(value, (int, float)) or math.isnan(value) else f"{100 * value:.2f}"
+
+    text = (f"final personal accuracy {pct(personal.get('mean'))}% ± {pct(personal.get('std'))} "
+            f"(worst 10%: {pct(personal.get('worst10'))}%)")
+    if summary.get("global_model_meaningful"):
+        text += f", global model {pct(summary.get('final_accuracy'))}%"
+    return text
+
+
+def _warn_t_star(cfg: Any) -> None:
+    """A run that ends before its t* has no Acc@t*: say so before it starts."""
+    t_star, end = cfg.run.t_star, cfg.run.max_time
+    if t_star is not None and end is not None and end <= t_star:
+        typer.echo(f"warning: run.max_time {end:g} s ends before run.t_star {t_star:g} s: the run will have no "
+                   "Acc@t* (acc_at_t_star null); lower run.t_star or raise run.max_time", err=True)
+
+
+def _check_device(spec: str) -> None:
+    """Refuse a ``run.device`` this machine lacks before the runner is imported: a CPU run
+    needs no look at all; CUDA asked of a CPU-only PyTorch build is refused from its
+    ``torch/version.py`` without importing it; otherwise only PyTorch is imported to ask."""
+    if spec in ("cpu", "auto"):  # auto: the CPU when there is no GPU, never an error
+        return
+    if spec.startswith("cuda") and _torch_build_is_cpu_only():
+        raise ConfigError(f"run.device '{spec}' is not available: torch.cuda.is_available() is False here "
+                          "(a CPU-only torch build: torch.version.cuda is None); use run.device=cpu or auto")
+    from fedgmr.device import resolve_device
+
+    resolve_device(spec)
+
+
+def _torch_build_is_cpu_only() -> bool:
+    """Whether the installed torch was built without CUDA and ROCm, read from its
+    ``version.py`` (``cuda = None``, ``hip = None``) without importing torch; False when
+    unsure (then torch is asked)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+        where = list(found.submodule_search_locations or []) if found is not None else []
+        text = (Path(where[0]) / "version.py").read_text(encoding="utf-8") if where else ""
+    except (ImportError, OSError, ValueError, UnicodeDecodeError):
+        return False
+    values = {m.group(1): m.group(2).strip() for m in
+              re.finditer(r"^(cuda|hip)\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.M)}
+    return values.get("cuda") == "None" and values.get("hip") == "None"
+
+
 def _interrupted_message(cfg: Any, target: Optional[Path]) -> str:
-    """What to do after Ctrl-C: resume from the last checkpoint, if there are any."""
+    """What to do after Ctrl-C: resume from the last checkpoint, if there are any; a run
+    stopped before its first record resumes from the start (docs/simulator.md, "Killed
+    while it starts"), checkpoints or not."""
+    import os
+    import stat
+
     if cfg is None or target is None:
         return "interrupted"
+    try:
+        config_written = stat.S_ISREG(os.lstat(target / "config.yaml").st_mode)
+    except OSError:
+        config_written = False
+    try:
+        no_records = os.lstat(target / "metrics.jsonl").st_size == 0
+    except OSError:
+        no_records = True
+    if not config_written:
+        return f"interrupted before the run wrote its config to {target}: start it again with the same command"
+    if no_records:
+        return f"interrupted before the first record: run it from the start with: fedgmr run --resume {target}"
     if cfg.run.checkpoint_every is None and cfg.run.checkpoint_seconds is None:
         return (f"interrupted: checkpoints were off (run.checkpoint_every and run.checkpoint_seconds are null), "
                 f"so {target} cannot be resumed")
@@ -211,6 +293,20 @@ def _progress_mode(quiet: bool) -> tuple[bool, Optional[float]]:
     return False, every
 
 
+def distinct_suffixes(paths: list[str], longest: int = 40) -> list[str]:
+    """Run paths as a table shows them: whole when short and relative, else the fewest
+    trailing components that still tell every path apart, after ``…/``
+    (``/home/u/exp/a/fedgmr`` and ``/home/u/exp/b/fedgmr`` -> ``…/a/fedgmr``, ``…/b/fedgmr``)."""
+    if all(len(p) <= longest and not Path(p).is_absolute() for p in paths):
+        return list(paths)
+    parts = [Path(p).parts for p in paths]
+    for k in range(1, max(map(len, parts), default=1) + 1):
+        tails = [str(Path(*x[-k:])) for x in parts]
+        if len(set(tails)) == len(set(paths)):
+            break
+    return [t if len(x) <= k else "…/" + t for t, x in zip(tails, parts)]
+
+
 def format_compare(result: dict[str, Any]) -> str:
     """The compare table as text."""
     from rich.console import Console
@@ -222,7 +318,9 @@ def format_compare(result: dict[str, Any]) -> str:
                   caption="±: sample std across seeds for a row of several seeds, else the std of the "
                           "evaluations in the run's window")
     for col in ("method", "run", f"{label} (%)", "± is", "window", "final (%)", "end time (s)", "time to target (s)"):
-        table.add_column(col, justify="right" if col not in ("method", "run", "± is") else "left")
+        table.add_column(col, justify="right" if col not in ("method", "run", "± is") else "left",
+                         overflow="fold")  # a long run path wraps, never cut to an ellipsis
+    shown = dict(zip((r["run"] for r in result["runs"]), distinct_suffixes([r["run"] for r in result["runs"]])))
     for r in result["runs"]:
         n = r.get("n", 1)
         acc = "n/a" if math.isnan(r["acc_at_t"]) else (
@@ -231,7 +329,7 @@ def format_compare(result: dict[str, Any]) -> str:
         if n > 1 and not math.isnan(r["time_to_target"]) and r.get("reached_target", n) < n:
             ttt += f" ({r['reached_target']}/{n})"
         window = "±10 evals" if r["window"] is None else f"±{r['window']:,.0f} s"
-        run = r["run"] if n == 1 else f"{n} seeds ({', '.join(str(x) for x in r['seeds'])})"
+        run = shown[r["run"]] if n == 1 else f"{n} seeds ({', '.join(str(x) for x in r['seeds'])})"
         kind = "across seeds" if r.get("std_kind") == "seeds" else "in window"
         table.add_row(r["method"], run, acc, kind, window, f"{100 * r['final_accuracy']:.2f}",
                       f"{r['end_time']:,.1f}", ttt)
@@ -267,19 +365,37 @@ def compare(
                                            "run (default: 10 x each run's evaluation interval)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="also write a comparison PNG"),
-    metric: str = typer.Option("accuracy", "--metric", help="accuracy (the global model), personal_accuracy or "
-                               "personal_worst10 (each client's own model on its own test split)"),
+    metric: Optional[str] = typer.Option(None, "--metric", help="accuracy (the global model), personal_accuracy or "
+                                         "personal_worst10 (each client's own model on its own test split) "
+                                         "(default: personal_accuracy when every run is of a personalised method "
+                                         "such as fedbn or ditto, else accuracy)"),
 ) -> None:
-    """Compare runs: Acc@t* ± std, MRI of the first experiment, time-to-accuracy. Runs that
-    differ only in the seed are one row (mean ± sample std across seeds). A missing or damaged run directory exits with code 3; an
-    undefined MRI (a baseline at 0 accuracy) is shown as n/a (null in --json). Without
-    --t-star, the runs' summaries must agree on one (exit code 2 otherwise)."""
-    from fedgmr.experiment.metrics import PLOT_FIELDS, compare_runs, read_run_metrics, summary_t_star
+    """Compare runs: Acc@t* ± std, MRI of the first experiment, time-to-accuracy.
+
+    Runs that differ only in the seed are one row (mean ± sample std across seeds). \
+A missing or damaged run directory exits with code 3; an undefined MRI (a baseline at 0 \
+accuracy) is shown as n/a (null in --json). Without --t-star, the runs' summaries must \
+agree on one (exit code 2 otherwise). Runs of personalised methods (fedbn, ditto, fedmrl, \
+fedmd, local_only, standalone) are compared by their clients' personal accuracy."""
+    from fedgmr.errors import RunDirError
+    from fedgmr.experiment.metrics import PLOT_FIELDS, compare_runs, default_metric, read_run_metrics, summary_t_star
     from fedgmr.experiment.plots import check_plot_path, write_plot
 
     try:
+        for d in runs:  # before anything is read from them (t* included): a mistyped path is what to say
+            if not d.exists():
+                raise RunDirError(f"run directory {d} does not exist")
+            if not d.is_dir():
+                raise RunDirError(f"{d} is a file, not a run directory")
         if plot is not None:
             check_plot_path(plot, "--plot")
+        if metric is None:
+            metric, global_only = default_metric(runs)
+            if global_only:
+                typer.echo(f"note: {', '.join(global_only)} {'is a run' if len(global_only) == 1 else 'are runs'} of "
+                           "a personalised method, compared here by the global model's accuracy as the others are; "
+                           "--metric personal_accuracy compares the clients' own models (where every run logs it)",
+                           err=True)
         if t_star is None:
             t_star = summary_t_star(runs)
         result = compare_runs(runs, t_star, target, span=window, metric=metric)
@@ -317,11 +433,12 @@ def plot(
     coverage: bool = typer.Option(False, "--coverage", help="the share of coordinates covered by 0, 1, 2, 3, 4+ "
                                   "updates of each aggregation (coverage_hist), stacked, of one run"),
 ) -> None:
-    """Plot accuracy (and average density, dashed) or another metric against time, steps,
-    bytes or wall-clock time; seeds of one experiment as a mean ± std band. A missing or
-    damaged run directory (or one without the keys --x / --metric need) exits with code 3,
-    an unwritable --out with code 1, a bad option or runs whose summaries disagree on t*
-    (without --t-star) with code 2."""
+    """Plot accuracy (and average density, dashed) or another metric of runs.
+
+    Against time, steps, bytes or wall-clock time; seeds of one experiment as a mean ± std \
+band. A missing or damaged run directory (or one without the keys --x / --metric need) \
+exits with code 3, an unwritable --out with code 1, a bad option or runs whose summaries \
+disagree on t* (without --t-star) with code 2."""
     from fedgmr.experiment.curves import expand_runs
     from fedgmr.experiment.metrics import summary_t_star
     from fedgmr.experiment.plots import (check_plot_path, plot_classes, plot_clients, plot_coverage, plot_levels,
@@ -356,28 +473,78 @@ def plot(
     typer.echo(str(out))
 
 
+#: the demo's runs, in the order of its compare table (the first is the method)
+DEMO_METHODS = ("fedgmr", "fedavg", "fedgmr_wo_gmr")
+#: what a demo writes in its --out folder
+DEMO_ENTRIES = frozenset({*DEMO_METHODS, "compare.png"})
+
+
+def _keep_previous_demo(out: Path) -> Optional[Path]:
+    """Move an earlier demo's results in ``out`` aside to ``out.previous-N`` (the first free
+    N) and return where; None when ``out`` is absent or empty. A folder that holds anything
+    but a demo's results is refused (:class:`~fedgmr.errors.RunDirError`)."""
+    from fedgmr.errors import RunDirError
+
+    if not out.exists() and not out.is_symlink():
+        return None
+    if out.is_symlink() or not out.is_dir():
+        raise RunDirError(f"--out {out} is not a directory: give another --out")
+    entries = {e.name for e in out.iterdir()}
+    if not entries:
+        return None
+    foreign = sorted(entries - DEMO_ENTRIES)
+    if foreign:
+        raise RunDirError(f"--out {out} holds other files than a demo's results ({', '.join(foreign[:3])}"
+                          f"{' ...' if len(foreign) > 3 else ''}): give another --out, or --overwrite to replace "
+                          "the demo's runs in it")
+    n = 1
+    while True:
+        kept = out.with_name(f"{out.name}.previous-{n}")
+        if not kept.exists() and not kept.is_symlink():
+            break
+        n += 1
+    try:
+        out.rename(kept)
+    except OSError as exc:
+        raise RunDirError(f"cannot move the previous results in {out} aside to {kept}: {exc.strerror}; "
+                          "give another --out or --overwrite") from None
+    return kept
+
+
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("demo-out"), "--out", "-o", help="directory for the three runs"),
-    set_: list[str] = typer.Option([], "--set", "-s", help="override a key in all three runs"),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    out: Path = typer.Option(Path("demo-out"), "--out", "-o", metavar="DIR", help="directory for the three runs"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE", help="override a key in all three runs"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the results already in --out (default: "
+                                   "move them aside, to OUT.previous-1, -2, ...)"),
     imports: list[str] = _import_option("first (e.g. to --set data.name to your data set)"),
 ) -> None:
-    """The quickstart: FedGMR vs FedAvg vs FedGMR w/o GMR on digits, then the compare table."""
-    from fedgmr.experiment.metrics import compare_runs, read_metrics
-    from fedgmr.experiment.plots import plot_runs
-    from fedgmr.experiment.runner import run_experiment
+    """The quickstart: FedGMR vs FedAvg vs FedGMR w/o GMR on digits, then the compare table.
 
-    _import_user_code(imports)
+    Results already in --out (an earlier demo) are moved aside to OUT.previous-N, never \
+deleted, unless --overwrite; a folder holding anything else is refused (exit code 3).
+    """
     t0 = time.perf_counter()
+    _import_user_code(imports)
     dirs = []
     cfg, method = None, "fedgmr"
     try:
-        for method in ("fedgmr", "fedavg", "fedgmr_wo_gmr"):
-            cfg = resolve("quickstart", [*set_, f"method={method}"])
+        configs = {m: resolve("quickstart", [*set_, f"method={m}"]) for m in DEMO_METHODS}  # all checked first
+        if not overwrite:
+            kept = _keep_previous_demo(out)
+            if kept is not None:
+                typer.echo(f"note: the previous results in {out} were moved to {kept} (--overwrite replaces them)",
+                           err=True)
+        from fedgmr.experiment.metrics import compare_runs, read_metrics
+        from fedgmr.experiment.plots import plot_runs
+        from fedgmr.experiment.runner import run_experiment
+
+        for method in DEMO_METHODS:
+            cfg = configs[method]
             typer.echo(f"running {method} ...")
             summary = run_experiment(cfg, out / method, progress=not quiet, overwrite=True)
-            typer.echo(f"  final accuracy {100 * summary['final_accuracy']:.2f}%, {summary['steps']} steps, "
+            typer.echo(f"  {final_result(summary)}, {summary['steps']} steps, "
                        f"{summary['restorations']} restorations, {summary['wall_time_s']:.1f}s wall")
             dirs.append(out / method)
         t_star = cfg.run.t_star or cfg.run.max_time or 0.0
@@ -397,7 +564,7 @@ def demo(
 @app.command("config")
 def show_config(
     config: str = typer.Argument("quickstart", help="config file or preset name"),
-    set_: list[str] = typer.Option([], "--set", "-s", help="override a key"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE", help="override a key; repeatable"),
     imports: list[str] = _import_option(),
 ) -> None:
     """Print the fully resolved config (every key with its value) as YAML."""
@@ -413,12 +580,14 @@ def show_config(
 @app.command()
 def sweep(
     sweep_file: Path = typer.Argument(..., help="sweep file (YAML): base config, overrides and a grid of keys"),
-    out_arg: str = typer.Option(..., "--out", "-o", help="sweep directory: one run directory per cell + sweep.json"),
+    out_arg: str = typer.Option(..., "--out", "-o", metavar="DIR",
+                                help="sweep directory: one run directory per cell + sweep.json"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="cells run at once (default: CPU cores)"),
     executor: str = typer.Option("local", "--executor", help="local (processes) or ray (cells as Ray tasks)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (default: the "
                                               "base config's run.ray_address, else a local Ray)"),
-    set_: list[str] = typer.Option([], "--set", "-s", help="override a key in every cell (after the sweep file's "
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+                                   help="override a key in every cell (after the sweep file's "
                                    "set, before its grid): --set data.root=/data/femnist"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells and what a rerun would do; run nothing"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
@@ -530,7 +699,8 @@ def _table_metric_help() -> str:
 
     windowed = [m.name for m in TABLE_METRICS.values() if not m.at_t_star and m.name != "accuracy"]
     counters = [m.name for m in TABLE_METRICS.values() if m.at_t_star]
-    return (f"the series each cell shows: accuracy (the global model, the default), or {', '.join(windowed)}, "
+    return (f"the series each cell shows: accuracy (the global model; the default, but personal_accuracy when "
+            f"every run is of a personalised method such as fedbn or ditto), or {', '.join(windowed)}, "
             f"each seed's mean over the Acc@t* window; or a counter read at t*: {', '.join(counters)} "
             "(docs/sweeps.md)")
 
@@ -558,7 +728,7 @@ def table(
     only: list[str] = typer.Option([], "--only", help="tabulate part of the runs: those with one of these values "
                                    "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
                                    "repeatable"),
-    metric: str = typer.Option("accuracy", "--metric", help=_table_metric_help()),
+    metric: Optional[str] = typer.Option(None, "--metric", help=_table_metric_help()),
     paired_against: Optional[str] = typer.Option(None, "--paired-against", help="also print, per cell, the "
                                                  "seed-paired difference of this method's row (or a row label "
                                                  "as printed) minus each other row: mean, 95 % interval, p-value "
@@ -572,7 +742,7 @@ def table(
                                               "considered (default: the first with a whole window)"),
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row, paired tests."""
-    from fedgmr.experiment.metrics import TABLE_METRICS, MissingMetricError
+    from fedgmr.experiment.metrics import TABLE_METRICS, MissingMetricError, default_metric
     from fedgmr.experiment.sweep import parse_only
     from fedgmr.experiment.table import (auto_t_star, build_table, clipped_windows, find_runs, join_t_stars,
                                          read_run, render, select_runs)
@@ -601,6 +771,12 @@ def table(
         if unfinished:
             typer.echo(f"note: {len(unfinished)} unfinished run(s) left out: "
                        f"{', '.join(str(p) for p in unfinished[:3])}{' ...' if len(unfinished) > 3 else ''}", err=True)
+        if metric is None:  # personalised methods are judged by their clients' own models
+            metric, global_only = default_metric([p for p in paths if p not in unfinished])
+            if global_only:
+                typer.echo(f"note: {len(global_only)} run(s) of a personalised method tabulated by the global "
+                           "model's accuracy as the others are (--metric personal_accuracy: the clients' own "
+                           f"models): {', '.join(global_only[:3])}{' ...' if len(global_only) > 3 else ''}", err=True)
         runs, lacking = [], []
         for p in paths:
             if p in unfinished:
@@ -682,6 +858,22 @@ def _note_seed_spread(result: Any) -> None:
                    f"(docs/protocol.md asks for 5 there): {shown}{' ...' if len(wide) > 3 else ''}", err=True)
 
 
+_UNKNOWN_COMPONENT = re.compile(r"unknown (model|dataset|method|data set|rule|policy)\b")
+
+
+def _suggest_import(exc: FedGMRError, imports: list[str]) -> FedGMRError:
+    """A run whose config names a model, data set or method nothing registered here (a
+    plugin's): the error, plus the ``--import`` that registers it."""
+    if not _UNKNOWN_COMPONENT.search(str(exc)):
+        return exc
+    hint = (" (the run's own code registers it: pass the same --import as the run had, e.g. "
+            "fedgmr evaluate RUN --import my_plugin.py)" if not imports else
+            " (none of the --import modules given registers it: pass the module the run was made with)")
+    out = FedGMRError(str(exc) + hint)
+    out.exit_code = getattr(exc, "exit_code", 1)  # type: ignore[attr-defined]
+    return out
+
+
 @app.command()
 def evaluate(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
@@ -689,9 +881,11 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="one JSON object per run instead of the table"),
     imports: list[str] = _import_option("first (the runs' own models, data sets or methods)"),
 ) -> None:
-    """Evaluate each run's saved global model on the test split: in full and under each
-    ladder level's mask (the run's latest checkpoint; a finished run's holds its final
-    model). Rebuilds the run, data included, from its config.yaml."""
+    """Evaluate each run's saved global model on the test split, in full and per ladder level.
+
+    Under each ladder level's mask, from the run's latest checkpoint (a finished run's \
+holds its final model). Rebuilds the run, data included, from its config.yaml: a run of \
+your own model, data set or method needs the same --import as the run had."""
     import pandas as pd
 
     from fedgmr.experiment.evaluate_run import evaluate_run, level_labels
@@ -711,7 +905,7 @@ def evaluate(
                                                                      result.level_accuracy)})
             rows.append(row)
     except FedGMRError as exc:
-        _fail(exc)
+        _fail(_suggest_import(exc, imports))
         return
     if rows:
         frame = pd.DataFrame(rows).fillna("–")
@@ -734,11 +928,13 @@ def methods(imports: list[str] = _import_option("first")) -> None:
 
 @app.command()
 def presets() -> None:
-    """List the shipped presets."""
-    from fedgmr.presets import preset_names
+    """List the shipped presets, each with a line from its file's header."""
+    from fedgmr.presets import preset_description, preset_names
 
-    for name in preset_names():
-        typer.echo(name)
+    names = preset_names()
+    width = max(map(len, names), default=0)
+    for name in names:
+        typer.echo(f"{name:<{width}}  {preset_description(name)}")
 
 
 data_app = typer.Typer(no_args_is_help=True, help="The public data sets the paper-table presets read: where "

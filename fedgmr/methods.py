@@ -85,6 +85,25 @@ for _m in [
 ]:
     METHODS.register(_m.name, _m)
 
+#: ``local.algorithm`` values whose clients keep a model of their own (Ditto's personal model, FedBN's
+#: BatchNorm layers, FedMRL's F_i and projector, FedMD's local models, local_only's and standalone's
+#: never-aggregated models): what these methods are for is each client's accuracy on its own test split
+#: (``personal_accuracy``), not the server model's. Their runs carve that split by default.
+PERSONAL_ALGORITHMS = ("ditto", "fedbn", "fedmrl", "fedmd", "local_sgd", "standalone")
+#: of those, the ones whose server model is a model in its own right (Ditto trains FedAvg's global model
+#: beside the personal ones); the others' server model is never used alone (FedBN's has no BatchNorm
+#: statistics of its own, FedMRL's is the small shared G, the rest aggregate nothing)
+GLOBAL_MODEL_MEANINGFUL = ("ditto",)
+#: the client test split a personalised method carves, and its evaluation, when the config does not set
+#: them (``run.personal_eval_every: null`` keeps the evaluation off)
+PERSONAL_DEFAULTS = {"data.client_test_fraction": 0.2, "run.personal_eval_every": 1}
+
+
+def is_personalised(algorithm: str | None) -> bool:
+    """Whether a run of ``local.algorithm`` is judged by its clients' personal accuracy."""
+    return algorithm in PERSONAL_ALGORITHMS
+
+
 # FedMRL (docs/methods/fedmrl.md): FedAvg's server on the shared small model G; each client's heterogeneous F_i and
 # projector P_i stay local. standalone: every client trains its own F_i alone (the paper's "Standalone").
 for _m in [
@@ -182,6 +201,8 @@ def resolve_config(data: dict[str, Any], explicit: dict[str, Any] | None = None)
         if explicit and key in explicit and explicit[key] != value:
             raise ConfigError(f"'{key}' is fixed to {value!r} by method '{method.name}' (got {explicit[key]!r})")
         _set_copy(data, key, value)
+    if is_personalised(get_dotted(data, "local.algorithm")):
+        _personal_split(data, method.name)
     cfg = parse_config(data)
     check_builder_options(cfg)
     if cfg.restoration.trigger in _HORIZON_DEFAULTS and cfg.restoration.horizon is None:
@@ -202,18 +223,63 @@ _HORIZON_DEFAULTS: dict[str, tuple[str, ...]] = {"fixed_time": ("max_time",), "d
 
 def check_builder_options(cfg: ExperimentConfig) -> None:
     """Refuse an unknown data set or model name, or an option its registered builder does
-    not take, before anything is loaded or built (values are checked by the builders)."""
-    from fedgmr.data import DATASETS
-    from fedgmr.models import MODELS
-    from fedgmr.options import check_option_names
+    not take, before anything is loaded or built (values are checked by the builders).
 
-    for section, kind, registry, name, options, reserved in (
-            ("data", "dataset", DATASETS, cfg.data.name, cfg.data.options, ("root",)),
-            ("model", "model", MODELS, cfg.model.name, cfg.model.options, ("num_classes", "input_shape", "width"))):
+    While no plugin has loaded the model and data registries, their built-in names and
+    options are read from the source (:mod:`fedgmr.builtin_names`): a mistake here is
+    reported without importing PyTorch."""
+    from fedgmr.builtin_names import UNREADABLE, static_builders
+    from fedgmr.options import check_accepted, check_option_names
+
+    for section, kind, package, name, options, reserved in (
+            ("data", "dataset", "data", cfg.data.name, cfg.data.options, ("root",)),
+            ("model", "model", "models", cfg.model.name, cfg.model.options, ("num_classes", "input_shape", "width"))):
+        static = static_builders(package)
+        if static is not None and static.get(name, None) is not UNREADABLE:
+            if name not in static:
+                raise ConfigError(f"invalid value for '{section}.name': unknown {kind} {name!r} "
+                                  f"(known: {', '.join(sorted(static))})")
+            check_accepted(section, kind, name, static[name], options, reserved)  # type: ignore[arg-type]
+            continue
+        registry = _live_registry(package)
         if name not in registry:
             raise ConfigError(f"invalid value for '{section}.name': unknown {kind} {name!r} "
                               f"(known: {', '.join(registry.names())})")
         check_option_names(section, kind, name, registry.get(name), options, reserved)
+
+
+def _live_registry(package: str) -> Registry:
+    if package == "data":
+        from fedgmr.data import DATASETS
+
+        return DATASETS
+    from fedgmr.models import MODELS
+
+    return MODELS
+
+
+def _personal_split(data: dict[str, Any], method: str) -> None:
+    """A personalised method is scored on each client's own test split: carve one
+    (:data:`PERSONAL_DEFAULTS`) unless the config sets it; refuse a config that turns it off."""
+    fraction = get_dotted(data, "data.client_test_fraction")
+    if fraction is not None and isinstance(fraction, (int, float)) and not isinstance(fraction, bool) \
+            and fraction <= 0:
+        raise ConfigError(f"method '{method}' keeps a model per client, scored on each client's own test split: "
+                          f"data.client_test_fraction must be > 0 (default for this method: "
+                          f"{PERSONAL_DEFAULTS['data.client_test_fraction']})")
+    for key, value in PERSONAL_DEFAULTS.items():
+        if _absent(data, key):  # an explicit null turns the personal evaluation off
+            _set_copy(data, key, value)
+
+
+def _absent(data: dict[str, Any], key: str) -> bool:
+    """Whether the dotted ``key`` is not in ``data`` at all (set to null is present)."""
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return True
+        node = node[part]
+    return False
 
 
 def _set_copy(data: dict[str, Any], key: str, value: Any) -> None:
@@ -231,5 +297,5 @@ def _set_copy(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-__all__ = ["METHODS", "Method", "resolve_config", "check_builder_options", "get_dotted", "set_dotted",
-           "ExperimentConfig"]
+__all__ = ["METHODS", "Method", "PERSONAL_ALGORITHMS", "GLOBAL_MODEL_MEANINGFUL", "is_personalised",
+           "resolve_config", "check_builder_options", "get_dotted", "set_dotted", "ExperimentConfig"]

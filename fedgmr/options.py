@@ -36,9 +36,16 @@ def check_option_names(section: str, kind: str, name: str, builder: Callable[...
                        options: dict[str, Any], reserved: Sequence[str]) -> None:
     """Refuse an option ``builder`` does not take: ``unknown option 'foo' for model 'cnn'
     (accepted: channels, batch_norm) in 'model.options'``."""
-    accepted = accepted_options(builder, reserved)
+    check_accepted(section, kind, name, accepted_options(builder, reserved), options, reserved)
+
+
+def check_accepted(section: str, kind: str, name: str, accepted: Sequence[str] | None,
+                   options: dict[str, Any], reserved: Sequence[str]) -> None:
+    """:func:`check_option_names` with the builder's ``accepted`` options (None: anything
+    goes) already known, e.g. read from its source (:mod:`fedgmr.builtin_names`)."""
     if accepted is None:
         return
+    accepted = [a for a in accepted if a not in reserved]
     for key in options:
         if key in reserved:
             raise ConfigError(f"'{section}.options.{key}' is set by the library, not by an option of "
@@ -97,5 +104,5 @@ def str_option(key: str, value: Any, optional: bool = False) -> str | None:
     return value
 
 
-__all__ = ["accepted_options", "check_option_names", "int_option", "float_option", "bool_option", "ints_option",
-           "str_option"]
+__all__ = ["accepted_options", "check_accepted", "check_option_names", "int_option", "float_option", "bool_option",
+           "ints_option", "str_option"]

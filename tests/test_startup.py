@@ -103,3 +103,55 @@ def test_a_run_loads_matplotlib_only_to_draw_its_plot(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert loaded == ["torch", "matplotlib"]
     assert (tmp_path / "run" / "accuracy_density.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["run", "quickstart"], 2, "error: give --out DIR for the run directory"),
+    (["run", "nope", "--out", "x"], 2, "error: 'nope' is neither a config file nor a preset"),
+    (["run", "quickstart", "--out", "x", "--set", "nope.key=1"], 2, "error: unknown config key 'nope'"),
+    (["config", "quickstart", "--set", "training.lr=-1"], 2, "error: invalid value for 'training.lr'"),
+    (["run", "quickstart", "--out", "x", "--import", "missing.py"], 6, "error: cannot import 'missing.py'"),
+    (["run", "quickstart", "--out", "x", "--set", "model.name=cnnn"], 2, "unknown model 'cnnn' (known: "),
+    (["run", "quickstart", "--out", "x", "--set", "model.options.foo=1"], 2, "unknown option 'foo' for model 'cnn'"),
+    (["run", "quickstart", "--out", "x", "--set", "data.options.bar=1"], 2, "unknown option 'bar' for dataset"),
+])
+def test_usage_and_config_mistakes_are_reported_without_loading_torch(tmp_path: Path, args, code, message):
+    proc, loaded = _loaded(*args, cwd=tmp_path)
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and not x.startswith("LOADED=")]
+    assert proc.returncode == code and len(lines) == 1 and message in lines[0], (proc.returncode, proc.stderr)
+    assert "torch" not in loaded, loaded
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_valid_config_is_printed_without_loading_torch(tmp_path: Path):
+    proc, loaded = _loaded("config", "quickstart", cwd=tmp_path)
+    assert proc.returncode == 0 and "name: quickstart" in proc.stdout, proc.stderr
+    assert loaded == [], loaded
+
+
+def test_builtin_names_read_from_the_source_match_the_live_registries():
+    from fedgmr.builtin_names import builtin_builders
+    from fedgmr.data import DATASETS
+    from fedgmr.models import MODELS
+    from fedgmr.options import accepted_options
+
+    for package, registry in (("data", DATASETS), ("models", MODELS)):
+        static = builtin_builders(package)
+        live = {name: accepted_options(registry.get(name), ()) for name in registry.names()}
+        # plugins registered by other tests are not built-in: compare the built-in ones
+        live = {k: v for k, v in live.items() if registry.get(k).__module__.startswith(f"fedgmr.{package}.")}
+        assert static == live
+
+
+def test_cuda_asked_of_a_cpu_only_torch_is_refused_without_loading_torch(tmp_path: Path):
+    from fedgmr.cli import _torch_build_is_cpu_only
+
+    import torch
+
+    assert _torch_build_is_cpu_only() == (torch.version.cuda is None and torch.version.hip is None)
+    if not _torch_build_is_cpu_only():
+        pytest.skip("this torch has CUDA or ROCm: it is asked (tests/test_device.py)")
+    proc, loaded = _loaded("run", "quickstart", "--out", "x", "--set", "run.device=cuda", cwd=tmp_path)
+    assert proc.returncode == 2 and "error: run.device 'cuda' is not available: torch.cuda.is_available() is " \
+        "False here (a CPU-only torch build" in proc.stderr, proc.stderr
+    assert "torch" not in loaded and not (tmp_path / "x").exists()

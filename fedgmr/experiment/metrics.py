@@ -325,6 +325,23 @@ def run_label(run_dir: str | Path) -> str:
     return label
 
 
+def headline_metric(run_dir: str | Path) -> str:
+    """What a run is judged by: ``personal_accuracy`` for a method whose clients keep their
+    own models (its summary's ``headline_metric``), else ``accuracy`` (the global model)."""
+    value = read_summary(run_dir).get("headline_metric")
+    return value if value in ("accuracy", "personal_accuracy") else "accuracy"
+
+
+def default_metric(run_dirs: Sequence[str | Path]) -> tuple[str, list[str]]:
+    """The metric ``compare`` and ``table`` use without ``--metric``: ``personal_accuracy``
+    when every run is of a personalised method, else ``accuracy``; and the personalised
+    runs then judged by their global model (for a note: never mixed in one figure)."""
+    heads = {str(d): headline_metric(d) for d in run_dirs}
+    if heads and all(h == "personal_accuracy" for h in heads.values()):
+        return "personal_accuracy", []
+    return "accuracy", [d for d, h in heads.items() if h == "personal_accuracy"]
+
+
 def summary_t_star(run_dirs: Sequence[str | Path], required: bool = True) -> float | None:
     """The t* the runs' summaries agree on (``t_star``; runs without one are left out).
 

@@ -33,8 +33,17 @@ def plot_runs(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str | 
         t = np.array([r["time"] for r in rows], dtype=float)
         curves.append(Curve(label, t, np.array([100 * r["accuracy"] for r in rows], dtype=float),
                             dashed=(t, np.array([r["avg_density"] for r in rows], dtype=float))))
+    if title is None and len(runs) > 1:
+        title = default_title([label for label, _ in runs])
     return draw_curves(curves, path, "virtual time (s)", "test accuracy (%)", title=title, vline=t_star,
-                       right_label="average density (dashed)", legend_loc="lower right")
+                       right_label="average density (dashed)")
+
+
+def default_title(labels: Sequence[str], what: str = "test accuracy") -> str:
+    """The title of a figure of several runs: ``test accuracy: fedgmr vs fedavg vs ...``."""
+    names = list(dict.fromkeys(labels))
+    shown = " vs ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"{what}: {shown}"
 
 
 def check_plot_path(path: str | Path, option: str = "--out") -> Path:
@@ -112,11 +121,22 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
         ax2.set_ylabel(right_label or "")
         ax2.set_ylim(0, 1.05)
     if vline is not None:
-        ax.axvline(vline, color="grey", lw=0.8, ls=":")
+        ax.axvline(vline, color="grey", lw=0.8, ls=":", label=f"t* = {vline:,g} s")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(loc=legend_loc, fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    if ax2 is not None and any(c.dashed is not None for c in curves):  # one entry for every run's dashed line
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="grey", lw=1.1, ls="--"))
+        labels.append((right_label or "right axis").replace(" (dashed)", "") + " (dashed, right axis)")
+    if len(curves) > 1 or legend_loc == "outside":
+        # below the axes: it never covers a curve
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False,
+                  ncol=min(3, len(handles)))
+    else:
+        ax.legend(handles, labels, loc=legend_loc, fontsize=8)
     if title:
         ax.set_title(title)
     return _save(fig, path)
@@ -127,7 +147,7 @@ def _save(fig: Any, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     try:
-        fig.savefig(path)
+        fig.savefig(path, bbox_inches="tight")  # the legend below the axes included
     except OSError as exc:
         raise FedGMRError(f"cannot write plot {path}: {exc.strerror or exc}") from None
     finally:
@@ -205,7 +225,9 @@ def plot_metric(run_dirs: Sequence[str | Path], path: str | Path, x: str = "time
     from fedgmr.experiment.curves import METRICS, expand_runs
 
     curves = metric_curves(run_dirs, x, metric, bands)
-    return draw_curves(curves, path, _x_label(x, expand_runs(run_dirs)), METRICS.get(metric).label,
+    label = METRICS.get(metric).label
+    title = default_title([c.label for c in curves], label.split(" (")[0]) if len(curves) > 1 else None
+    return draw_curves(curves, path, _x_label(x, expand_runs(run_dirs)), label, title=title,
                        vline=t_star if x == "time" else None,
                        right_label="average density (dashed)" if metric == "accuracy" else None)
 

@@ -95,8 +95,12 @@ class _Progress:
     line on stderr every ``every`` seconds of wall time and at the end (for logs: nohup,
     SLURM, CI), or nothing."""
 
-    def __init__(self, cfg: ExperimentConfig, enabled: bool, every: float | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, enabled: bool, every: float | None = None,
+                 wall_start: float | None = None) -> None:
         self.enabled = enabled
+        #: ``time.perf_counter()`` at which the run's wall time (``wall_time_s``) starts, earlier
+        #: runs of a resumed one included: the lines' ``elapsed=`` is that same figure
+        self.wall_start = wall_start
         self.by_steps = cfg.run.max_steps is not None
         self.total = float(cfg.run.max_steps if self.by_steps else cfg.run.max_time)  # type: ignore[arg-type]
         self.bar = None
@@ -128,7 +132,7 @@ class _Progress:
                 info += f"  acc {100 * acc:.1f}%"
             self.bar.update(self.task, completed=done, info=info)
         elif self.every is not None:
-            now = time.monotonic()
+            now = time.perf_counter()
             if self.started is None:
                 self.started = (now, done)  # a resumed run: the rate counts this process's progress only
                 self.last_line = now
@@ -140,8 +144,9 @@ class _Progress:
         """``progress: step=12/30 virtual_time=123.4s acc=45.20% avg_density=0.412 restorations=2
         elapsed=0:00:12 eta=0:00:30`` (a time-bound run: ``step=12 virtual_time=123.4/600s``)."""
         assert self.started is not None
-        elapsed = now - self.started[0]
-        rate = (done - self.started[1]) / elapsed if elapsed > 0 else 0.0
+        since = now - self.started[0]
+        rate = (done - self.started[1]) / since if since > 0 else 0.0
+        elapsed = since if self.wall_start is None else now - self.wall_start
         eta = "0:00:00" if final else (_hms((self.total - done) / rate) if rate > 0 else "?")
         step = f"{sim.step}/{self.total:.0f}" if self.by_steps else f"{sim.step}"
         vtime = f"{sim.now:.1f}s" if self.by_steps else f"{sim.now:.1f}/{self.total:.0f}s"
@@ -454,7 +459,9 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
             latch.check()  # a Ctrl-C that a finaliser swallowed is raised again here
             return sim.rejected_streak >= limit or bool(stop_after_steps and sim.step >= stop_after_steps)
 
-        with sigint_latch() as latch, _Progress(cfg, progress, progress_every) as bar:
+        with sigint_latch() as latch, _Progress(cfg, progress, progress_every,
+                                                # elapsed= as summary.json's wall_time_s counts it
+                                                wall_start=wall0 - prior_wall) as bar:
             def on_step(s: Simulator) -> None:
                 bar.update(s, last_acc[0])
                 if (every and s.step % every == 0) or time.perf_counter() - timer[0] >= timer[1]:
@@ -494,6 +501,33 @@ def run_environment(cfg: ExperimentConfig) -> dict[str, Any]:
     return environment(device)
 
 
+def personal_summary(cfg: ExperimentConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's personalised figures. For a method whose clients keep their own models
+    (:data:`fedgmr.methods.PERSONAL_ALGORITHMS`): ``headline_metric: personal_accuracy`` (what
+    ``fedgmr run`` prints and ``compare`` / ``table`` use by default) and
+    ``global_model_meaningful`` (whether ``final_accuracy``, the server model's, means anything:
+    Ditto's does). For any run that logs it: ``personal_accuracy`` ``{mean, std, worst10, time}``
+    from the last record that does, with ``at_t_star`` (its Acc@t*) when ``run.t_star`` is set."""
+    from fedgmr.methods import GLOBAL_MODEL_MEANINGFUL, is_personalised
+
+    out: dict[str, Any] = {}
+    if is_personalised(cfg.local.algorithm):
+        out["headline_metric"] = "personal_accuracy"
+        out["global_model_meaningful"] = cfg.local.algorithm in GLOBAL_MODEL_MEANINGFUL
+    logged = [r for r in rows if isinstance(r.get("personal_accuracy"), (int, float))
+              and math.isfinite(r["personal_accuracy"])]
+    if logged:
+        last = logged[-1]
+        personal: dict[str, Any] = {"mean": last["personal_accuracy"], "std": last.get("personal_std"),
+                                    "worst10": last.get("personal_worst10"), "time": last["time"]}
+        if cfg.run.t_star is not None:
+            mean, _ = acc_at_t([r["time"] for r in logged], [r["personal_accuracy"] for r in logged],
+                               cfg.run.t_star, interval=cfg.run.eval_interval)  # the window `compare` uses
+            personal["at_t_star"] = None if math.isnan(mean) else mean
+        out["personal_accuracy"] = personal
+    return out
+
+
 def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None = None,
              failure: str | None = None) -> dict[str, Any]:
     """Write summary.json and the plot from the run's metrics.
@@ -527,6 +561,7 @@ def finalize(out: Path, cfg: ExperimentConfig, wall: float, rejected: int | None
         summary["t_star"] = cfg.run.t_star
         summary["acc_at_t_star"] = None if math.isnan(mean) else mean
         summary["acc_at_t_star_std"] = None if math.isnan(std) else std
+    summary.update(personal_summary(cfg, rows))
     write_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     with writing(out / PLOT_FILE), tempfile.TemporaryDirectory(prefix="fedgmr-plot-") as tmp:
         from fedgmr.experiment.plots import plot_runs

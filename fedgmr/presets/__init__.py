@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,25 @@ def preset_names() -> list[str]:
 
 def preset_path(name: str) -> Path:
     return Path(str(resources.files(__package__).joinpath(f"{name}.yaml")))
+
+
+def preset_description(name: str, limit: int = 110) -> str:
+    """One line about a preset, from its file's header comment: the first sentence, or when
+    that is longer than ``limit`` characters, its opening up to the first `` (`` or ``, ``
+    after 30 characters (e.g. ``CIFAR-10 as in the FedGMR paper``)."""
+    lines = []
+    for line in preset_path(name).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    text = " ".join(x for x in lines if x)
+    match = re.match(r"(.+?[.;])(\s|$)", text)
+    first = match.group(1).rstrip(";") if match else text
+    if len(first) <= limit:
+        return first
+    cut = re.search(r" \(|, ", first[30:])
+    short = first[:30 + cut.start()] if cut else first[:limit]
+    return short if len(short) <= limit else short[:limit - 3].rsplit(" ", 1)[0] + "..."
 
 
 #: where the shipped presets' data roots start; ``$FEDGMR_DATA`` replaces it
