@@ -152,6 +152,33 @@ class ClientsConfig(_Section):
         return v
 
 
+class LRScheduleConfig(_Section):
+    """The clients' learning rate over the server's model versions (fedgmr.training.schedules):
+    ``constant``; ``step``: x ``gamma`` every ``step_every`` versions; ``cosine``: from
+    ``training.lr`` down to ``min_lr`` over ``total_steps`` versions."""
+
+    kind: Literal["constant", "step", "cosine"] = "constant"
+    step_every: int = Field(100, ge=1)
+    gamma: float = Field(0.5, gt=0, le=1)
+    total_steps: int | None = Field(None, ge=1)
+    min_lr: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _cosine_needs_a_length(self) -> "LRScheduleConfig":
+        if self.kind == "cosine" and self.total_steps is None:
+            raise ValueError("a cosine schedule needs training.lr_schedule.total_steps (server steps)")
+        return self
+
+
+class AugmentConfig(_Section):
+    """Image augmentation in local training (fedgmr.training.augment): each job crops every
+    image from its copy zero-padded by ``crop_padding`` pixels and flips it left-right with
+    probability 1/2 (``flip``), drawn from the job's own seed."""
+
+    flip: bool = False
+    crop_padding: int = Field(0, ge=0, le=64)
+
+
 class TrainingConfig(_Section):
     """Local SGD on each client.
 
@@ -168,6 +195,8 @@ class TrainingConfig(_Section):
     local_steps: int = Field(5, ge=1)
     loss: Literal["ce", "bce"] = "ce"
     clip_grad_norm: float | None = Field(None, ge=0)
+    lr_schedule: LRScheduleConfig = Field(default_factory=LRScheduleConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
 
 
 class LocalConfig(_Section):

@@ -128,8 +128,14 @@ def client_partition(cfg: ExperimentConfig, data: FederatedData) -> Partition:
 def train_settings(cfg: ExperimentConfig, data: FederatedData) -> TrainSettings:
     """Local training settings from the config and the data set's task."""
     t = cfg.training
+    s = t.lr_schedule
+    schedule = None if s.kind == "constant" else (s.kind, s.step_every, s.gamma, s.total_steps, s.min_lr)
+    augment = (t.augment.flip, t.augment.crop_padding) if t.augment.flip or t.augment.crop_padding else None
+    if augment is not None and data.train.x.dim() != 4:
+        raise ConfigError(f"training.augment works on images (N, C, H, W); data set {cfg.data.name!r} gives "
+                          f"samples of shape {tuple(data.train.x.shape[1:])}")
     return TrainSettings(t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_steps, t.loss,
-                         data.task, data.pad_index, t.clip_grad_norm or None)
+                         data.task, data.pad_index, t.clip_grad_norm or None, schedule, augment)
 
 
 @dataclass

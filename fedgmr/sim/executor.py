@@ -125,8 +125,23 @@ class ClientWorkload:
         return self
 
     def run(self, job: TrainJob) -> JobResult:
+        """Train one job: with the learning rate of the model version it was sent
+        (``training.lr_schedule``) and on freshly augmented images (``training.augment``)."""
+        base = self.settings
+        self.settings = base.for_version(job.version)
+        try:
+            return self._run(job, base)
+        finally:
+            self.settings = base
+
+    def _run(self, job: TrainJob, base: TrainSettings) -> JobResult:
         job = job.to(getattr(self, "device", "cpu"))
         x, y = self.client_data[job.client_id]
+        if base.augment is not None:
+            from fedgmr.training.augment import augment_images
+
+            gen = torch.Generator().manual_seed((int(job.seed) * 1_000_003 + 0xA06) % (1 << 63))
+            x = augment_images(x, gen, *base.augment)
         val = self.client_val[job.client_id] if job.validate else None
         choice: dict[str, torch.Tensor] = {}
         if job.alternatives:  # several models offered (IFCA): train the one with the lowest loss

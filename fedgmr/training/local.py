@@ -72,6 +72,22 @@ class TrainSettings:
     task: str = "classification"
     pad_index: int | None = None
     clip_grad_norm: float | None = None
+    #: (kind, step_every, gamma, total_steps, min_lr) of fedgmr.training.schedules.lr_at; None: constant
+    lr_schedule: tuple | None = None
+    #: (flip, crop_padding) of fedgmr.training.augment.augment_images; None: no augmentation
+    augment: tuple | None = None
+
+    def for_version(self, version: int) -> "TrainSettings":
+        """These settings with the learning rate of model ``version`` (the schedule's)."""
+        if self.lr_schedule is None:
+            return self
+        from dataclasses import replace
+
+        from fedgmr.training.schedules import lr_at
+
+        kind, every, gamma, total, min_lr = self.lr_schedule
+        lr = lr_at(kind, self.lr, version, every, gamma, total, min_lr)
+        return self if lr == self.lr else replace(self, lr=lr)
 
 
 @dataclass(frozen=True)
