@@ -566,12 +566,20 @@ def show_config(
     config: str = typer.Argument("quickstart", help="config file or preset name"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE", help="override a key; repeatable"),
     imports: list[str] = _import_option(),
+    explain_keys: list[str] = typer.Option([], "--explain", metavar="KEY", help="instead, describe a key "
+                                           "(aggregation.trim) or every key of a section (aggregation): type, "
+                                           "default, range, meaning; repeatable"),
 ) -> None:
-    """Print the fully resolved config (every key with its value) as YAML."""
+    """Print the fully resolved config (every key with its value) as YAML, or describe keys."""
     from fedgmr.config import dump_config
 
     _import_user_code(imports)
     try:
+        if explain_keys:
+            from fedgmr.config_help import explain
+
+            typer.echo("\n\n".join(explain(k) for k in explain_keys))
+            return
         typer.echo(dump_config(resolve(config, set_)), nl=False)
     except FedGMRError as exc:
         _fail(exc)
@@ -616,10 +624,18 @@ def sweep(
             check_out(out)
             cells = select(expand(spec, root, max_cells), chosen)
             resolve_cells(cells)
+            from fedgmr.download import missing_data
+
+            lacking = []
             for cell in cells:
                 state = _cell_state(out / cell.name, cell.config)  # type: ignore[arg-type]
-                typer.echo(f"{state:8s} {cell.name}")
+                gap = missing_data(cell.config.data.name, cell.config.data.root)  # type: ignore[union-attr]
+                if gap and state != "done":
+                    lacking.append(gap)
+                typer.echo(f"{state:8s} {cell.name}" + (f"  (no data: {gap})" if gap and state != "done" else ""))
             typer.echo(f"{len(cells)} cells -> {out}")
+            for gap in dict.fromkeys(lacking):
+                typer.echo(f"note: {lacking.count(gap)} cell(s) cannot run without their data: {gap}", err=True)
             return
         display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
         with display, sigterm_as_interrupt():  # `kill`, SLURM's scancel: stop as Ctrl-C does

@@ -253,9 +253,21 @@ def missing(name: str, root: Path | str) -> bool:
     return not all((folder / f.name).is_file() for f in src.files)
 
 
+def missing_data(name: str, root: str | Path | None) -> str | None:
+    """What a config with data set ``name`` read from ``root`` lacks, in a few words with
+    the way to get it; None when it is there, or for data sets that name no folder (a
+    package ships them) or that this module does not know (their loader says at run time)."""
+    if root is None or name not in SOURCES:
+        return None
+    if not missing(name, root):
+        return None
+    return (f"{name} is not in {root} (fedgmr data fetch {name}, or set FEDGMR_DATA to the folder that holds "
+            f"{SOURCES[name].folder}/)")
+
+
 def iter_sources() -> Iterator[Source]:
     yield from SOURCES.values()
 
 
-__all__ = ["DownloadError", "RemoteFile", "Source", "SOURCES", "data_root", "fetch", "missing", "source",
+__all__ = ["DownloadError", "RemoteFile", "Source", "SOURCES", "data_root", "fetch", "missing", "missing_data", "source",
            "verified", "iter_sources", "ROOT_VARIABLE"]

@@ -193,3 +193,22 @@ def test_presets_read_their_data_under_fedgmr_data(monkeypatch: pytest.MonkeyPat
     assert load_preset("quickstart").get("data", {}).get("root") in (None, "")  # digits: a package ships it
     monkeypatch.delenv("FEDGMR_DATA")
     assert load_preset("mnist")["data"]["root"] == "../shared/data/mnist"
+
+
+def test_sweep_dry_run_says_which_cells_lack_their_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from conftest import run_cli
+
+    monkeypatch.setenv("FEDGMR_DATA", str(tmp_path / "data"))
+    args = ["sweep", "table1", "--out", str(tmp_path / "sw"), "--only", "preset=mnist", "--only",
+            "heterogeneity=high", "--only", "partition=iid", "--only", "method=fedgmr", "--dry-run"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(no data: mnist is not in") == 3
+    assert "note: 3 cell(s) cannot run without their data" in proc.stderr
+    assert "fedgmr data fetch mnist" in proc.stderr
+    folder = tmp_path / "data" / "mnist"  # the files in place (as fetch leaves them): nothing to say
+    folder.mkdir(parents=True)
+    for f in download.SOURCES["mnist"].files:
+        (folder / f.name).write_bytes(b"")
+    again = run_cli(args, tmp_path)
+    assert again.returncode == 0 and "no data" not in again.stdout + again.stderr

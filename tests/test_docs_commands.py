@@ -188,7 +188,8 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         proc = run_cli(check, REPO)
     assert proc.returncode == 0, f"{where}\n{proc.stderr}"
     if sub == "config":
-        assert "method:" in proc.stdout
+        assert ("method:" in proc.stdout) if "--explain" not in args else \
+            all(proc.stdout.count(k + ":") for k in (a for i, a in enumerate(args) if args[i - 1] == "--explain"))
     if sub == "--version":
         assert proc.stdout.startswith("fedgmr ")
 
