@@ -131,3 +131,37 @@ def test_two_sweeps_into_one_directory_both_succeed_and_every_cell_is_done(tmp_p
     # a third pass finds both done
     again = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=scaled(300))
     assert again.returncode == 0 and "2/2 cells done (2 already finished" in again.stdout, again.stderr
+
+
+def _plant(tmp_path: Path, out: Path, planted: str) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (out / "configs").mkdir(parents=True)
+    (out / "logs").mkdir()
+    (out / planted).symlink_to(victim)
+    return victim
+
+
+def test_a_link_planted_as_a_cells_log_is_refused_and_its_target_kept(tmp_path: Path):
+    """A cell's log in the sweep directory is opened without following a planted link."""
+    from conftest import run_cli
+
+    sweep, out = _sweep_file(tmp_path, {"seed": [0, 1]}), tmp_path / "out"
+    victim = _plant(tmp_path, out, "logs/seed=0.log")
+    proc = run_cli(["sweep", str(sweep), "--out", str(out), "-q", "--jobs", "1"], tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "symbolic link" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert victim.read_text() == "precious" and (out / "logs/seed=0.log").is_symlink()
+
+
+def test_a_link_planted_as_a_cells_config_is_replaced_not_written_through(tmp_path: Path):
+    """A cell's config is written to a new file renamed into place: a planted link is
+    replaced, its target never written."""
+    from conftest import run_cli
+
+    sweep, out = _sweep_file(tmp_path, {"seed": [0]}), tmp_path / "out"  # one cell: named "run"
+    victim = _plant(tmp_path, out, "configs/run.yaml")
+    proc = run_cli(["sweep", str(sweep), "--out", str(out), "-q"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert victim.read_text() == "precious"
+    assert not (out / "configs/run.yaml").is_symlink() and "method:" in (out / "configs/run.yaml").read_text()

@@ -629,7 +629,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     resumed: list[str] = []
     for cell in cells:
         try:
-            (out / CONFIG_DIR / f"{cell.name}.yaml").write_text(dump_config(cell.config))  # type: ignore[arg-type]
+            from fedgmr.experiment.rundir import write_atomic  # never through a link or special file
+
+            write_atomic(out / CONFIG_DIR / f"{cell.name}.yaml", dump_config(cell.config))  # type: ignore[arg-type]
         except OSError as exc:
             raise RunDirError(f"cannot write {out / CONFIG_DIR / f'{cell.name}.yaml'}: {exc.strerror or exc}") from None
         holder = _lock_holder(out / cell.name)
@@ -721,7 +723,9 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                     if cell.status == "done":
                         notify("skip", cell, finished, len(cells))
                     continue
-                fh = open(out / LOG_DIR / f"{cell.name}.log", "a")
+                from fedgmr.experiment.rundir import open_for_write
+
+                fh = os.fdopen(open_for_write(out / LOG_DIR / f"{cell.name}.log", os.O_WRONLY | os.O_APPEND), "a")
                 proc = subprocess.Popen(cell_command(cell, out, started, spec.imports), stdout=fh,
                                         stderr=subprocess.STDOUT, env=env)
                 running[proc] = (cell, fh)
@@ -760,7 +764,9 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
 def _ray_cell(cmd: list[str], log_path: str, pythonpath: list[str] | None = None) -> tuple[int, str | None]:
     """Run one cell's command on a Ray worker (the run directory, and the sweep's imports,
     must be on storage every node shares; ``pythonpath`` joins the worker's PYTHONPATH)."""
-    with open(log_path, "a") as log:
+    from fedgmr.experiment.rundir import open_for_write
+
+    with os.fdopen(open_for_write(log_path, os.O_WRONLY | os.O_APPEND), "a") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
                             env=_with_path({**os.environ, "FEDGMR_PROGRESS": "0"}, pythonpath or [])).returncode
     return rc, (_last_error(Path(log_path)) if rc else None)
