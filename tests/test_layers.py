@@ -13,18 +13,38 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _lint(config: Path, root: Path) -> int:
+    """Run import-linter in this process. It configures logging with dictConfig, which
+    disables every logger that exists (fedgmr's among them): the logging state is put back
+    afterwards, so that later tests in this worker still see fedgmr's warnings."""
+    import logging
+    import os
+
     from importlinter.cli import lint_imports
 
+    loggers = {name: (lg, lg.disabled, lg.level, lg.propagate, list(lg.handlers))
+               for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    root_state = (logging.root.level, list(logging.root.handlers))
     old_path, old_cwd = list(sys.path), Path.cwd()
     sys.path.insert(0, str(root))
     try:
-        import os
-
         os.chdir(root)
         return lint_imports(config_filename=str(config), no_cache=True)
     finally:
         os.chdir(old_cwd)
         sys.path[:] = old_path
+        for lg, disabled, level, propagate, handlers in loggers.values():
+            lg.disabled, lg.level, lg.propagate = disabled, level, propagate
+            lg.handlers[:] = handlers
+        logging.root.setLevel(root_state[0])
+        logging.root.handlers[:] = root_state[1]
+
+
+def test_linting_leaves_the_logging_of_this_process_as_it_was():
+    import logging
+
+    log = logging.getLogger("fedgmr.strategy.masked_buffered")
+    assert _lint(REPO / "pyproject.toml", REPO) == 0
+    assert not log.disabled and log.isEnabledFor(logging.WARNING)
 
 
 def test_the_repository_keeps_its_import_contracts():

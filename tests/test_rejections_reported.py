@@ -46,7 +46,7 @@ def fedgmr(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_rejected_updates_are_reported_by_run_and_marked_by_table(tmp_path: Path):
     (tmp_path / "nan_plugin.py").write_text(PLUGIN)
     run = fedgmr("run", "quickstart", "--import", "nan_plugin.py", "--set", "run.executor=nan_client0",
-                 "--set", "run.max_time=120", "-q", "--out", "bad", cwd=tmp_path)
+                 "--set", "run.max_time=120", "--set", "run.t_star=100", "-q", "--out", "bad", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
     last = json.loads((tmp_path / "bad" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -56,8 +56,8 @@ def test_rejected_updates_are_reported_by_run_and_marked_by_table(tmp_path: Path
             in run.stderr)
     assert "rejected update from client 0" in run.stderr and "from client 1" not in run.stderr
 
-    clean = fedgmr("run", "quickstart", "--set", "run.max_time=120", "--set", "seed=1", "-q", "--out", "good",
-                   cwd=tmp_path)
+    clean = fedgmr("run", "quickstart", "--set", "run.max_time=120", "--set", "run.t_star=100", "--set", "seed=1",
+                   "-q", "--out", "good", cwd=tmp_path)
     assert clean.returncode == 0 and "warning" not in clean.stderr, clean.stderr
 
     table = fedgmr("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", cwd=tmp_path)

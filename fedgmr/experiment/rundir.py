@@ -201,7 +201,8 @@ def read_run_file(path: str | Path, limit: int = SMALL_FILE_BYTES, prefix: bool 
                               f"file may hold")
         chunks, size = [], 0
         while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            # no larger a buffer than the file needs (os.read allocates what it is asked for)
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size, max(st.st_size - size, 0) + 4096))
             if not chunk:
                 break
             chunks.append(chunk)
