@@ -138,8 +138,14 @@ def test_a_read_only_or_full_file_system_is_one_line_before_any_cell_runs(tmp_pa
     def full(self: Path, *a, **kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
 
+    def full_new(path, *a, **kw):  # the sweep's own files are written new and renamed into place
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    from fedgmr.experiment import rundir
+
     with monkeypatch.context() as m:
         m.setattr(Path, "write_text", full)
+        m.setattr(rundir, "create_new", full_new)
         with pytest.raises(RunDirError, match="cannot write .*: No space left on device"):
             run_sweep(spec, path, root, tmp_path / "out2")
     assert not started
