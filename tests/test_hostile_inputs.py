@@ -19,18 +19,16 @@ sweeps), tests/distributed/test_flower_loop_faults (10).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
 
-from conftest import run_cli, tiny_config
+from conftest import no_hang, run_cli, tiny_config
 from fedgmr import config as config_mod
 from fedgmr.config import read_config_file
 from fedgmr.errors import ConfigError, FedGMRError, RunDirError
@@ -38,19 +36,6 @@ from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
 
 
-@contextlib.contextmanager
-def no_hang(seconds: int = 60) -> Iterator[None]:
-    """Fail (instead of hanging the suite) if the block blocks, e.g. on a FIFO."""
-    def alarm(*_: Any) -> None:
-        raise AssertionError("blocked: the read hung")
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _fifo(path: Path) -> None:

@@ -19,11 +19,9 @@ against hanging the suite, not a timing check).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,7 +29,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import tiny_config
+from conftest import no_hang, tiny_config
 from fedgmr.errors import RunDirError
 from fedgmr.experiment import rundir
 from fedgmr.experiment.loggers import LOGGERS, RunLogger
@@ -63,19 +61,6 @@ def tree(root: Path) -> dict[str, bytes | None]:
     return out
 
 
-@contextlib.contextmanager
-def no_hang(seconds: int = 120) -> Iterator[None]:
-    """Fail (instead of hanging the suite) if the block blocks, e.g. on a FIFO."""
-    def alarm(*_: Any) -> None:
-        raise AssertionError("blocked: the read hung")
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def user_files(out: Path) -> dict[str, bytes | None]:

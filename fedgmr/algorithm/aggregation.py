@@ -205,6 +205,14 @@ def _sorted_covered(previous: torch.Tensor, updates: Sequence[Update],
     return torch.sort(stack, dim=0).values, count  # torch.sort puts NaN last
 
 
+def _on_covered(previous: torch.Tensor, count: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``previous`` with ``value`` on the coordinates some client covers (``count > 0``)."""
+    out = previous.clone()
+    covered = count > 0
+    out[covered] = value[covered].to(previous.dtype)
+    return out
+
+
 def coordinate_median(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> torch.Tensor:
     """Coordinate-wise median (Yin et al., 2018) under masks: each coordinate is the median
     of the values of the clients whose mask covers it (the mean of the two middle ones for
@@ -212,15 +220,9 @@ def coordinate_median(previous: torch.Tensor, updates: Sequence[Update], weights
     select (an update of weight 0 takes no part): the median is unweighted."""
     _check(previous, updates, weights)
     values, count = _sorted_covered(previous, updates, weights)
-    out = previous.clone()
-    covered = count > 0
-    if not covered.any():
-        return out
     lo = ((count - 1).clamp(min=0) // 2).unsqueeze(0)
     hi = (count // 2).clamp(max=max(values.shape[0] - 1, 0)).unsqueeze(0)
-    median = (values.gather(0, lo) + values.gather(0, hi)).squeeze(0) / 2
-    out[covered] = median[covered].to(previous.dtype)
-    return out
+    return _on_covered(previous, count, (values.gather(0, lo) + values.gather(0, hi)).squeeze(0) / 2)
 
 
 def trimmed_mean(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float],
@@ -233,17 +235,11 @@ def trimmed_mean(previous: torch.Tensor, updates: Sequence[Update], weights: Seq
         raise ValueError(f"trim must be in [0, 0.5), got {trim}")
     _check(previous, updates, weights)
     values, count = _sorted_covered(previous, updates, weights)
-    out = previous.clone()
-    covered = count > 0
-    if not covered.any():
-        return out
     cut = torch.floor(trim * count.to(torch.float64)).to(torch.long)
     rank = torch.arange(values.shape[0], device=values.device).unsqueeze(1)
     keep = (rank >= cut) & (rank < count - cut)  # inside [cut, count - cut) of the sorted covering values
     total = torch.where(keep, values, torch.zeros_like(values)).sum(0)
-    mean = total / (count - 2 * cut).clamp(min=1)
-    out[covered] = mean[covered].to(previous.dtype)
-    return out
+    return _on_covered(previous, count, total / (count - 2 * cut).clamp(min=1))
 
 
 def krum_scores(updates: Sequence[Update], byzantine: int) -> list[float]:
