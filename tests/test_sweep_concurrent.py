@@ -165,3 +165,36 @@ def test_a_link_planted_as_a_cells_config_is_replaced_not_written_through(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert victim.read_text() == "precious"
     assert not (out / "configs/run.yaml").is_symlink() and "method:" in (out / "configs/run.yaml").read_text()
+
+
+def test_cell_configs_are_written_under_the_sweep_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Two sweeps into one directory write the same ``configs/.<cell>.yaml.tmp``: each
+    write holds ``.sweep.lock``, else one sweep's rename finds the other's temporary gone
+    (the CI failure of stop 44)."""
+    import fcntl
+
+    from fedgmr.experiment import rundir
+
+    path = _sweep_file(tmp_path, {"seed": [0, 1]})
+    spec, root = load_sweep(path)
+    out = tmp_path / "out"
+    held: list[bool] = []
+    real = rundir.write_atomic
+
+    def probe(target: Any, data: Any) -> None:
+        if Path(target).parent.name == "configs":
+            fd = os.open(out / sweep_mod.INDEX_LOCK, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(fd)
+        real(target, data)
+
+    monkeypatch.setattr(rundir, "write_atomic", probe)
+    outcome = run_sweep(spec, path, root, out, jobs=1)
+    assert outcome.failed == []
+    assert held == [True, True]

@@ -631,7 +631,8 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
         try:
             from fedgmr.experiment.rundir import write_atomic  # never through a link or special file
 
-            write_atomic(out / CONFIG_DIR / f"{cell.name}.yaml", dump_config(cell.config))  # type: ignore[arg-type]
+            with _index_lock(out):  # two sweeps into one directory share the temporary's name
+                write_atomic(out / CONFIG_DIR / f"{cell.name}.yaml", dump_config(cell.config))  # type: ignore[arg-type]
         except OSError as exc:
             raise RunDirError(f"cannot write {out / CONFIG_DIR / f'{cell.name}.yaml'}: {exc.strerror or exc}") from None
         holder = _lock_holder(out / cell.name)
