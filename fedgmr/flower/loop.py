@@ -34,7 +34,9 @@ from fedgmr.errors import InvalidUpdateError
 from fedgmr.flower.payload import decode_reply, encode_instruction
 from fedgmr.flower.quarantine import Quarantine, QuarantinePolicy
 from fedgmr.sim.executor import job_seed
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, mean_density
+from fedgmr.strategy.coordination import (Coordination, Decision, StepTrigger, after_step, base_record, eval_due,
+                                          step_stats)
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.training.local import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -177,13 +179,17 @@ class BufferedServerLoop:
         for node in self.node_of_slot.values():
             self.stats.node(node)
         self.records: list[dict[str, Any]] = []
-        if settings.mode not in ("semi_async", "sync") or settings.trigger not in ("k", "deadline"):
-            raise ValueError(f"unknown coordination: mode {settings.mode!r}, trigger {settings.trigger!r}")
+        self.client_uploads = [0] * strategy.num_clients  # replies per client (the simulator's count)
+        #: when the server steps: the coordination core the simulator uses, on the wall clock
+        self.trigger = self._new_trigger()
         self.t0 = clock()
         self.step_started = self.t0
-        self.deadline_at: float | None = None  # the deadline trigger's, once armed
         self._last_eval = -1
         self._last_stats: dict[str, float] = {"staleness_mean": 0.0, "used": 0}
+
+    def _new_trigger(self) -> StepTrigger:
+        s = self.settings
+        return StepTrigger(Coordination(mode=s.mode, trigger=s.trigger, k=s.k, slack=s.slack), len(self.node_of_slot))
 
     # ------------------------------------------------------------------ dispatch
     def _resting(self, slot: int) -> bool:
@@ -283,6 +289,7 @@ class BufferedServerLoop:
                         arrived.error)
             self._failed(slot)
             return False
+        self.client_uploads[slot] += 1
         self.failures.pop(slot, None)  # it answered: any rest ends
         self.rest_until.pop(slot, None)
         if arrived.node_id != self.node_of_slot[slot]:
@@ -313,8 +320,8 @@ class BufferedServerLoop:
             raise InvalidUpdateError(f"claims to be client {reply.client_id}" if known
                                      else f"unknown client id {reply.client_id!r}")
         accepted = self.strategy.receive(reply)  # the strategy logs (and we collect) its rejections
-        if accepted:
-            self._maybe_arm_deadline(flight)
+        if accepted:  # the deadline trigger (the core's rule; the run loop polls the clock)
+            self.trigger.on_reply(flight.density, (f.density for f in self.in_flight.values()), self.clock())
         if accepted and reply.val_score is not None:
             self.strategy.on_client_validation(slot, reply.val_score)
         return accepted
@@ -332,52 +339,28 @@ class BufferedServerLoop:
                             f.slot, self.node_of_slot[f.slot], self.settings.reply_timeout)
 
     # ------------------------------------------------------------------ steps
-    def _maybe_arm_deadline(self, flight: _Flight) -> None:
-        """Deadline trigger: arm ``slack`` after this reply when it is the first, since the
-        last step, from a client at the highest density still in play (the simulator's rule)."""
-        s = self.settings
-        if s.mode != "semi_async" or s.trigger != "deadline" or self.deadline_at is not None:
-            return
-        if flight.density >= max([f.density for f in self.in_flight.values()] + [flight.density]):
-            self.deadline_at = self.clock() + s.slack
-
     def _step_cap(self) -> int:
         """At most this many new replies enter one step (the rest wait in the queue)."""
-        if self.settings.mode == "semi_async" and self.settings.trigger == "k":
-            return self.settings.k
-        return len(self.node_of_slot)
+        return self.trigger.step_cap()
 
     def _should_aggregate(self) -> bool:
-        n_new = len(self.strategy.arrivals)
-        if n_new == 0:
-            return False
-        s = self.settings
-        if s.mode == "sync":
-            if not self.in_flight and not self.queue:  # everyone dispatched answered, failed or timed out
-                return True
-        elif s.trigger == "deadline":
-            if n_new >= len(self.node_of_slot) or (self.deadline_at is not None and self.clock() >= self.deadline_at):
-                return True
-        elif n_new >= min(s.k, len(self.node_of_slot)):
+        decision = self.trigger.decide(len(self.strategy.arrivals), bool(self.in_flight or self.queue), self.clock())
+        if decision is Decision.AGGREGATE:
             return True
-        return self.clock() - self.step_started > s.step_timeout
+        if decision is Decision.EMPTY_ROUND:  # the run loop sends the model again to those it gave up on
+            return False
+        # a deployment's own bound: a step waits at most step_timeout for its trigger
+        return bool(self.strategy.arrivals) and self.clock() - self.step_started > self.settings.step_timeout
 
     def _aggregate(self) -> None:
         report = self.strategy.aggregate()
-        self._last_stats = {
-            "staleness_mean": sum(report.staleness) / len(report.staleness) if report.staleness else 0.0,
-            "used": len(report.used),
-        }
+        self._last_stats = step_stats(report.staleness, report.used)
         self.step_started = self.clock()
-        self.deadline_at = None  # a deadline armed before this step is void
+        self.trigger.stepped()  # a deadline armed before this step is void
         step = self.strategy.version
-        val_score = None
-        moved: list[int] = []
-        if self.strategy.trigger.needs_validation and step % self.settings.check_interval == 0:
-            val_score, _ = self.evaluator(self.strategy.params, self.strategy.buffers, "val")
-            moved += self.strategy.on_validation(val_score)
-        moved += self.strategy.on_time(self.clock() - self.t0)
-        if step % self.settings.eval_every == 0:
+        val_score, moved = after_step(self.strategy, self.clock() - self.t0, self.settings.check_interval,
+                                      lambda: self.evaluator(self.strategy.params, self.strategy.buffers, "val")[0])
+        if eval_due(step, self.settings.eval_every):
             self._evaluate(val_score, moved)
         # every client heard from since the last step gets the new model at once
         if step < self.settings.max_steps:
@@ -385,19 +368,16 @@ class BufferedServerLoop:
 
     def _evaluate(self, val_score: float | None = None, moved: list[int] | tuple = ()) -> dict[str, Any]:
         acc, loss = self.evaluator(self.strategy.params, self.strategy.buffers, "test")
-        dens = self.strategy.densities()
         wall = self.clock() - self.t0
-        # the simulator's record (fedgmr.sim.simulator), with ``time`` on the wall clock
+        # the simulator's record (the coordination core's), with ``time`` on the wall clock
         # (seconds since the loop started; also kept as ``wall_time``), then the fields
         # only a deployment has
-        rec = {
-            "time": wall, "step": self.strategy.version, "accuracy": acc, "loss": loss,
-            "avg_density": mean_density(dens), "bytes_up": self.stats.bytes_up, "bytes_down": self.stats.bytes_down,
-            "uploads": self.stats.replies - self.stats.errors, "downloads": self.stats.downloads,
-            "densities": dens, "val_accuracy": val_score, "restored": list(moved),
-            "restorations": self.strategy.ladder.restorations,
-            "staleness_mean": self._last_stats["staleness_mean"], "min_coverage": self.strategy.min_coverage(),
-            "rejected": self.strategy.rejected,
+        rec = base_record(self.strategy, time=wall, step=self.strategy.version, accuracy=acc, loss=loss,
+                          bytes_up=self.stats.bytes_up, bytes_down=self.stats.bytes_down,
+                          uploads=self.stats.replies - self.stats.errors, downloads=self.stats.downloads,
+                          client_uploads=self.client_uploads, val_score=val_score, moved=moved,
+                          stats=self._last_stats)
+        rec |= {
             "wall_time": wall, "used": self._last_stats["used"], "clipped": self.strategy.bounds.clipped,
             "capped": self.strategy.bounds.capped, "update_norm_median": self.strategy.median_update_norm,
             "timeouts": self.stats.timeouts, "errors": self.stats.errors, "quarantines": self.quarantine.count,
@@ -420,6 +400,7 @@ class BufferedServerLoop:
 
     def _run(self) -> list[dict[str, Any]]:
         s = self.settings
+        self.trigger = self._new_trigger()  # the settings as the run starts
         self._evaluate()
         self._dispatch(self.node_of_slot)
         self.step_started = self.clock()

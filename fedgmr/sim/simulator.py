@@ -25,35 +25,14 @@ from fedgmr.algorithm.maskinfo import mask_count
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.sim.executor import Executor, JobHandle, JobResult, TrainJob, job_seed
 from fedgmr.sim.network import Network
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, mean_density
+from fedgmr.strategy.coordination import (Coordination, Decision, StepTrigger, after_step, base_record, eval_due,
+                                          step_stats)
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
 
 log = logging.getLogger(__name__)
 
 Evaluator = Callable[[torch.Tensor, dict[str, torch.Tensor], str], tuple[float, float]]
-
-
-@dataclass
-class Coordination:
-    """When the server aggregates and whom it dispatches (docs/reference.md §6.4).
-
-    mode: ``semi_async`` (aggregate after ``k`` arrivals or at a deadline) or ``sync``
-        (wait for every dispatched client).
-    trigger: ``k`` or ``deadline`` (semi-async only); the deadline is ``slack`` seconds
-        after the first arrival, since the last aggregation, of a client at the highest
-        density in flight (the reference runs' "fastest full-density client + 0.5 s").
-    concurrency: clients training at once (None: all). Sync mode samples this many per round.
-    server_time: seconds one aggregation takes before the new model is dispatched.
-    ims: incremental model splitting with multicast of shared blocks.
-    """
-
-    mode: Literal["semi_async", "sync"] = "semi_async"
-    trigger: Literal["k", "deadline"] = "k"
-    k: int = 3
-    slack: float = 0.5
-    concurrency: int | None = None
-    server_time: float = 0.5
-    ims: bool = True
 
 
 @dataclass
@@ -163,9 +142,9 @@ class Simulator:
         self.client_validation = client_validation
         self.on_record = on_record or (lambda rec: None)
         n = strategy.num_clients
-        if coordination.k < 1:
-            raise ValueError("coordination k must be >= 1")
-        self.concurrency = min(coordination.concurrency or n, n)
+        #: when the server steps (the coordination core, shared with the Flower runtime)
+        self.trigger = StepTrigger(coordination, n)
+        self.concurrency = self.trigger.active
         self.now = 0.0
         self.events: list[_Event] = []
         self._seq = 0
@@ -178,9 +157,6 @@ class Simulator:
         self.client_uploads = [0] * n  # the same, per client
         self.downloads = 0  # sub-models sent to clients
         self.server_busy = False
-        self.deadline_epoch = 0
-        self.deadline_armed = False
-        self.deadline_passed = False
         self.wave: set[int] = set()
         self.records = 0
         self.started = False
@@ -279,17 +255,6 @@ class Simulator:
             self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, a.density)
             self._push(train_done, "upload", c)
 
-    def _maybe_arm_deadline(self, c: int, density: float) -> None:
-        """Deadline trigger: ``slack`` after the first arrival, since the last aggregation,
-        of a client at the highest density still in play. Armed from an event that has
-        happened, so it never lies in the past, whatever the jitter or queueing."""
-        if self.coord.mode != "semi_async" or self.coord.trigger != "deadline" or self.deadline_armed:
-            return
-        top = max([f.density for f in self.in_flight.values()] + [density])
-        if density >= top:
-            self.deadline_armed = True
-            self._push(self.now + self.coord.slack, "deadline", data=self.deadline_epoch)
-
     def _idle_clients(self) -> list[int]:
         busy = set(self.in_flight) | set(self.strategy.arrivals)
         return [c for c in range(self.strategy.num_clients) if c not in busy]
@@ -333,9 +298,12 @@ class Simulator:
         if res.state is not None:  # the client's own: kept whether or not the server accepts the reply
             self.client_states[c] = res.state
             self.client_state_epoch += 1
-        self._maybe_arm_deadline(c, f.density)
         accepted = self.strategy.receive(reply)
         self.rejected_streak = 0 if accepted else self.rejected_streak + 1
+        if accepted:  # the deadline trigger (a rejected reply is no arrival); the event only wakes the loop
+            at = self.trigger.on_reply(f.density, (g.density for g in self.in_flight.values()), self.now)
+            if at is not None:
+                self._push(at, "deadline")
         if accepted and res.val_score is not None:
             self.strategy.on_client_validation(c, res.val_score)
         if self.coord.mode == "sync":
@@ -344,26 +312,16 @@ class Simulator:
     def _should_aggregate(self) -> bool:
         if self.server_busy:
             return False
-        n_new = len(self.strategy.arrivals)
-        if self.coord.mode == "sync":
-            return not self.wave and not self.in_flight
-        if n_new == 0:
-            return False
-        if self.coord.trigger == "deadline":
-            return self.deadline_passed or n_new >= self.concurrency
-        return n_new >= min(self.coord.k, self.concurrency)
+        # a synchronous round with nothing to aggregate closes with an empty step: time moves on
+        decision = self.trigger.decide(len(self.strategy.arrivals), bool(self.wave or self.in_flight), self.now)
+        return decision is not Decision.WAIT
 
     def _aggregate(self) -> None:
         report = self.strategy.aggregate()
         self.server_busy = True
-        self.deadline_epoch += 1  # a deadline armed before this aggregation is void
-        self.deadline_armed = False
-        self.deadline_passed = False
+        self.trigger.stepped()  # a deadline armed before this aggregation is void
         self._push(self.now + self.coord.server_time + report.server_seconds, "server_free")
-        self.last_step_stats = {
-            "staleness_mean": sum(report.staleness) / len(report.staleness) if report.staleness else 0.0,
-            "used": len(report.used),
-        }
+        self.last_step_stats = step_stats(report.staleness, report.used)
 
     def _on_server_free(self) -> None:
         self.server_busy = False
@@ -377,16 +335,12 @@ class Simulator:
     def now_step_done(self) -> None:
         """After a server step: restoration hooks and evaluation at the current time."""
         step = self.step
-        val_score = None
-        moved: list[int] = []
-        if self.strategy.trigger.needs_validation and step % self.check_interval == 0:
-            val_score, _ = self.evaluator(self.strategy.params, self.strategy.buffers, "val")
-            moved += self.strategy.on_validation(val_score)
-        moved += self.strategy.on_time(self.now)
+        val_score, moved = after_step(self.strategy, self.now, self.check_interval,
+                                      lambda: self.evaluator(self.strategy.params, self.strategy.buffers, "val")[0])
         if moved:
             log.info("step %d: restored clients %s", step, moved)
         if self.eval_interval is None:
-            if self.eval_every and step % self.eval_every == 0:
+            if eval_due(step, self.eval_every):
                 self._evaluate(val_score, moved)
         else:
             self._since_record["restored"] += moved
@@ -452,17 +406,10 @@ class Simulator:
             self._publish()
         handle = self._test_handle()
         acc, loss = (None, None) if handle is not None else self._test_score()
-        dens = self.strategy.densities()
-        rec = {
-            "time": self.now if at is None else at, "step": self._published[0], "accuracy": acc, "loss": loss,
-            "avg_density": mean_density(dens), "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-            "uploads": self.uploads, "downloads": self.downloads, "client_uploads": list(self.client_uploads),
-            "densities": dens, "val_accuracy": val_score, "restored": list(moved),
-            "restorations": self.strategy.ladder.restorations,
-            "staleness_mean": self.last_step_stats["staleness_mean"],
-            "min_coverage": self.strategy.min_coverage(),
-            "rejected": self.strategy.rejected,
-        }
+        rec = base_record(self.strategy, time=self.now if at is None else at, step=self._published[0], accuracy=acc,
+                          loss=loss, bytes_up=self.bytes_up, bytes_down=self.bytes_down, uploads=self.uploads,
+                          downloads=self.downloads, client_uploads=self.client_uploads, val_score=val_score,
+                          moved=moved, stats=self.last_step_stats)
         rec.update(self.strategy.record_keys(self._published[0]))  # e.g. cluster assignments
         if self.diagnostics is not None:
             rec.update(self.diagnostics(self.records, *self._published))
@@ -538,8 +485,7 @@ class Simulator:
             elif ev.kind == "arrival":
                 self._on_arrival(ev.client)
             elif ev.kind == "deadline":
-                if int(ev.data) == self.deadline_epoch:
-                    self.deadline_passed = True
+                pass  # the trigger reads the clock: the event only wakes the loop at its time
             elif ev.kind == "server_free":
                 self._on_server_free()
                 if on_step:
@@ -582,8 +528,7 @@ class Simulator:
             "now": self.now, "seq": self._seq, "events": [[e.time, e.seq, e.kind, e.client, e.data] for e in self.events],
             "flights": flights, "dispatches": self.dispatches, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "uploads": self.uploads, "downloads": self.downloads,
-            "client_uploads": list(self.client_uploads), "server_busy": self.server_busy, "deadline_epoch": self.deadline_epoch,
-            "deadline_armed": self.deadline_armed, "deadline_passed": self.deadline_passed,
+            "client_uploads": list(self.client_uploads), "server_busy": self.server_busy, "trigger": self.trigger.state_dict(),
             "next_grid": self.next_grid if math.isfinite(self.next_grid) else None, "grid_index": self._grid_index,
             "since_record": self._since_record, "wave": sorted(self.wave), "records": self.records,
             "started": self.started, "last_eval_step": self._last_eval_step, "last_step_stats": self.last_step_stats,
@@ -630,9 +575,16 @@ class Simulator:
             self.client_uploads = [int(v) for v in state["client_uploads"]]
         self.downloads = int(state["downloads"])
         self.server_busy = bool(state["server_busy"])
-        self.deadline_epoch = int(state["deadline_epoch"])
-        self.deadline_armed = bool(state["deadline_armed"])
-        self.deadline_passed = bool(state["deadline_passed"])
+        if "trigger" in state:
+            self.trigger.load_state_dict(state["trigger"])
+        else:  # a checkpoint of the epoch-numbered deadline events (before the coordination core)
+            at = None
+            if state.get("deadline_passed"):
+                at = self.now
+            elif state.get("deadline_armed"):
+                epoch = float(state["deadline_epoch"])
+                at = min((e.time for e in self.events if e.kind == "deadline" and e.data == epoch), default=None)
+            self.trigger.load_state_dict({"deadline_at": at})
         self.next_grid = math.inf if state["next_grid"] is None else float(state["next_grid"])
         self._grid_index = int(state["grid_index"])
         self._since_record = {"restored": list(state["since_record"]["restored"]),

@@ -404,23 +404,24 @@ def test_deadline_trigger_aggregates_slack_after_the_densest_reply(run_config):
     link = FakeLink(run_config)
     loop = _loop(run_config, link, steps=1, k=1, clock=lambda: now[0])
     loop.settings.trigger, loop.settings.slack, loop.settings.step_timeout = "deadline", 3.0, 100.0
+    loop.trigger = loop._new_trigger()  # (run() reads the settings as it starts; this test drives the steps)
     loop._dispatch(loop.node_of_slot)
     dens = {f.slot: f.density for f in loop.in_flight.values()}
     by_slot = {loop.in_flight[a.instruction_id].slot: a for a in link.pull(list(loop.in_flight))}
     low = min(dens, key=dens.get)
     top = max(dens, key=dens.get)
     assert dens[low] < dens[top]
-    assert loop.handle(by_slot[low]) and loop.deadline_at is None  # a sparser client does not arm it
+    assert loop.handle(by_slot[low]) and loop.trigger.deadline_at is None  # a sparser client does not arm it
     assert not loop._should_aggregate()  # k = 1 does not apply under the deadline trigger
     now[0] = 10.0
-    assert loop.handle(by_slot[top]) and loop.deadline_at == 13.0
+    assert loop.handle(by_slot[top]) and loop.trigger.deadline_at == 13.0
     now[0] = 12.9
     assert not loop._should_aggregate()
     now[0] = 13.0
     assert loop._should_aggregate()
     per_step = _arrivals_per_step(loop)
     loop._aggregate()
-    assert loop.deadline_at is None and per_step == [2]
+    assert loop.trigger.deadline_at is None and per_step == [2]
 
 
 def test_server_app_refuses_client_sampling():
