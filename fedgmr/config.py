@@ -210,6 +210,9 @@ class LocalConfig(_Section):
     server_lr: SCAFFOLD's global step size eta_g.
     stragglers: FedProx's straggler model, for every method: this fraction of jobs runs a
         random number of local steps in [1, E) and is still aggregated.
+    options: keyword options of the registered client method (FedDyn's ``alpha``); names
+        are checked against its factory's signature, values by the factory
+        (:func:`fedgmr.training.client_methods.client_method`).
     """
 
     algorithm: str = "sgd"
@@ -218,6 +221,7 @@ class LocalConfig(_Section):
     personal_steps: int | None = Field(None, ge=1)
     server_lr: float = Field(1.0, gt=0)
     stragglers: float = Field(0.0, ge=0, le=1)
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("algorithm")
     @classmethod

@@ -85,6 +85,17 @@ for _m in [
 ]:
     METHODS.register(_m.name, _m)
 
+# Methods in a module of their own (fedgmr/baselines/feddyn.py, fednova.py): the module registers its client and
+# server halves when imported; its settings are registered here, where listing methods and resolving a config load
+# no PyTorch.
+_FEDAVG_EQUAL = {k: v for k, v in _FEDAVG.items() if k != "aggregation.weighting"}
+METHODS.register("feddyn", Method("feddyn", "FedDyn: dynamic regularisation, client gradient state h_i and server "
+                                  "state h (local.options.alpha); synchronous, full model",
+                                  {**_FEDAVG_EQUAL, "local.algorithm": "feddyn"}, {"aggregation.weighting": "equal"}))
+METHODS.register("fednova", Method("fednova", "FedNova: updates normalised by each client's local steps tau_i, "
+                                   "server step tau_eff; synchronous, full model",
+                                   {**_FEDAVG, "local.algorithm": "fednova"}))
+
 #: ``local.algorithm`` values whose clients keep a model of their own (Ditto's personal model, FedBN's
 #: BatchNorm layers, FedMRL's F_i and projector, FedMD's local models, local_only's and standalone's
 #: never-aggregated models): what these methods are for is each client's accuracy on its own test split
@@ -246,6 +257,10 @@ def check_builder_options(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"invalid value for '{section}.name': unknown {kind} {name!r} "
                               f"(known: {', '.join(registry.names())})")
         check_option_names(section, kind, name, registry.get(name), options, reserved)
+    if cfg.local.options:  # the client method's options: names and values, checked by building it
+        from fedgmr.training.client_methods import client_method
+
+        client_method(cfg.local)
 
 
 def _live_registry(package: str) -> Registry:

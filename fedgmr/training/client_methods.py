@@ -14,6 +14,9 @@ pruned coordinate stays exactly zero; the extra terms are masked too
     from fedgmr.training.client_methods import CLIENT_METHODS
     CLIENT_METHODS.register("mine", lambda local: MyClient(...))
 
+A factory's keyword arguments after ``local`` are the options it takes from
+``local.options`` (``def feddyn(local, alpha=0.01)``; fedgmr/baselines/feddyn.py).
+
 State is a flat ``dict[str, Tensor]``; a method whose state is empty is stateless.
 
 Optional hooks, for a method whose clients train more than the global model (FedMRL,
@@ -27,6 +30,7 @@ client's own architecture.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -37,6 +41,7 @@ import torch.nn as nn
 from fedgmr.algorithm.local_rules import (batch_norm_coordinates, scaffold_control_update, seed_new_coordinates,
                                           straggler_steps)
 from fedgmr.algorithm.params import ParamSpace
+from fedgmr.options import check_option_names
 from fedgmr.registry import Registry
 from fedgmr.training.local import LocalTerms, TrainOutcome, masked_local_training
 
@@ -306,8 +311,20 @@ CLIENT_METHODS.register("fedmd", _fedmd)
 
 
 def client_method(local: Any) -> ClientMethod:
-    """The client method a ``local`` config section names."""
-    return CLIENT_METHODS.get(local.algorithm)(local)
+    """The client method a ``local`` config section names, built with its ``local.options``:
+    a factory ``factory(local, **options)`` declares the options it takes as keyword
+    arguments (ConfigError naming an option it does not take) and checks their values."""
+    factory = CLIENT_METHODS.get(local.algorithm)
+    options = dict(getattr(local, "options", None) or {})
+    check_option_names("local", "client algorithm", local.algorithm, factory, options, ("local",))
+    return factory(local, **options)
+
+
+#: built-in methods that live in a module of their own: importing one registers its client
+#: half here and its server half in ``SERVER_HALVES``, as a plugin module would
+BUILTIN_METHOD_MODULES = ("fedgmr.baselines.feddyn", "fedgmr.baselines.fednova")
+for _module in BUILTIN_METHOD_MODULES:
+    importlib.import_module(_module)
 
 
 __all__ = ["ClientResult", "ClientMethod", "SGDClient", "FedProxClient", "ScaffoldClient", "DittoClient",

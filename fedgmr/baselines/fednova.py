@@ -1,0 +1,163 @@
+"""FedNova (Wang et al., NeurIPS 2020, "Tackling the Objective Inconsistency Problem in
+Heterogeneous Federated Optimization"), plain local SGD (no momentum variant): one module,
+registered like a plugin (client half in ``CLIENT_METHODS``, server half in
+``SERVER_HALVES``; the method ``fednova`` in :mod:`fedgmr.methods`).
+
+Client i runs tau_i local SGD steps (fewer than ``training.local_steps`` when it is a
+straggler, ``local.stragglers``) and reports tau_i beside its model. The server normalises
+each update by its steps and takes one step of the effective length tau_eff:
+
+    d_i = (w_server - w_i) / tau_i,     p_i = n_i / sum_j n_j  (participants' sample counts)
+    w  <- w_server - tau_eff * sum_i p_i d_i,     tau_eff = sum_i p_i tau_i
+
+With equal tau_i this is FedAvg. Full models and synchronous rounds only
+(``method=fednova``); momentum is refused (its normalisation differs). docs/methods.md (FedDyn and FedNova).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from fedgmr.algorithm.params import ParamSpace
+from fedgmr.errors import ConfigError, InvalidUpdateError
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
+from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.strategy.server_halves import SERVER_HALVES
+from fedgmr.training.client_methods import CLIENT_METHODS, ClientResult, SGDClient
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- the math (pure)
+def fednova_server_model(received: torch.Tensor, models: list[torch.Tensor], taus: list[float],
+                         weights: list[float]) -> torch.Tensor:
+    """``w_server - tau_eff sum_i p_i (w_server - w_i) / tau_i`` with ``p_i = weights_i /
+    sum(weights)`` and ``tau_eff = sum_i p_i tau_i`` (computed in float64)."""
+    if not models or len(models) != len(taus) or len(models) != len(weights):
+        raise ValueError("FedNova needs one model, one tau and one weight per participant")
+    if any(not (t >= 1 and math.isfinite(t)) for t in taus) or any(not w > 0 for w in weights):
+        raise ValueError(f"FedNova needs tau_i >= 1 and weights > 0 (got taus {taus}, weights {weights})")
+    total = math.fsum(weights)
+    p = [w / total for w in weights]
+    tau_eff = math.fsum(pi * t for pi, t in zip(p, taus))
+    w0 = received.double()
+    d = torch.zeros_like(w0)
+    for pi, t, w in zip(p, taus, models):
+        d += (pi / t) * (w0 - w.double())
+    return (w0 - tau_eff * d).to(received.dtype)
+
+
+# ---------------------------------------------------------------------- client half
+@dataclasses.dataclass(frozen=True)
+class FedNovaClient(SGDClient):
+    """Masked local SGD that reports its local steps tau_i (``raw_extras["tau"]``)."""
+
+    returns_extras: ClassVar[tuple[str, ...]] = ("tau",)
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        out = self._train(workload, job, x, y, val)
+        tau = torch.tensor([float(out.steps or workload.settings.local_steps)], dtype=torch.float32)
+        return ClientResult(out, raw_extras={"tau": tau})
+
+
+def make_client(local: Any) -> FedNovaClient:
+    """``CLIENT_METHODS`` factory (no options)."""
+    return FedNovaClient(local.stragglers)
+
+
+# ---------------------------------------------------------------------- server half
+class FedNovaStrategy(MaskedBufferedStrategy):
+    """:class:`MaskedBufferedStrategy` whose step is FedNova's normalised average (the
+    configured rule is not used for the weights; sample counts weight the clients, as the
+    server knows them). ``max_tau``: the most local steps a reply may report."""
+
+    def __init__(self, *args: Any, max_tau: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if max_tau < 1:
+            raise ValueError(f"max_tau must be >= 1, got {max_tau}")
+        self.max_tau = int(max_tau)
+        self._taus: dict[int, float] = {}  # tau_i of the replies accepted since the last aggregation
+
+    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
+                    changed: bool) -> Assignment:
+        a = super()._assignment(client_id, version, level, density, mask, changed)
+        return dataclasses.replace(a, reply_scalars=1)  # tau_i travels as one float32 beside the values
+
+    def receive(self, reply: Reply) -> bool:
+        tau = reply.extras.get("tau") if isinstance(reply.extras, dict) else None
+        try:
+            tau = self._check_tau(tau)
+        except InvalidUpdateError as exc:
+            self.rejected += 1
+            log.warning("rejected update from client %s: %s", reply.client_id, exc)
+            return False
+        accepted = super().receive(reply)
+        if accepted:
+            self._taus[reply.client_id] = tau
+        return accepted
+
+    def _check_tau(self, tau: Any) -> float:
+        if not isinstance(tau, torch.Tensor) or tau.numel() != 1 or not tau.is_floating_point():
+            raise InvalidUpdateError("a FedNova reply needs tau: its local steps, one float")
+        value = float(tau.reshape(()))
+        if not math.isfinite(value) or value != int(value) or not 1 <= value <= self.max_tau:
+            raise InvalidUpdateError(f"tau must be a whole number of local steps in [1, {self.max_tau}], got {value}")
+        return value
+
+    def _model(self, e: _Entry) -> torch.Tensor:
+        if e.values.numel() == self.params.numel():
+            return e.values
+        out = self.params.clone()
+        out[e.mask] = e.values
+        return out
+
+    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        params, buffers = super()._fuse(params, buffers, used)
+        new = fednova_server_model(self.params, [self._model(e) for e in used],
+                                   [self._taus[e.client_id] for e in used], [float(e.num_samples) for e in used])
+        return new, buffers
+
+    def aggregate(self) -> StepReport:
+        report = super().aggregate()
+        self._taus.clear()  # arrivals only (no buffer): every pending reply was used or dropped
+        return report
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        state, tensors = super().state_dict()
+        state["fednova"] = {"taus": {str(c): t for c, t in sorted(self._taus.items())}}
+        return state, tensors
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state, tensors)
+        self._taus = {int(c): float(t) for c, t in state.get("fednova", {}).get("taus", {}).items()}
+
+
+def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
+    """``SERVER_HALVES`` entry: :class:`FedNovaStrategy`; refuses masks, asynchrony, FedDF and momentum."""
+    if cfg.submodel.policy != "full":
+        raise ConfigError("local.algorithm 'fednova' normalises whole-model updates: set submodel.policy: full "
+                          "(e.g. method=fednova); masked sub-models are not supported")
+    if cfg.coordination.mode != "sync" or cfg.aggregation.buffer:
+        raise ConfigError("local.algorithm 'fednova' is synchronous-only: set coordination.mode: sync and "
+                          "aggregation.buffer: false (e.g. method=fednova)")
+    if cfg.distill.server:
+        raise ConfigError("distill.server (FedDF) is not supported with local.algorithm 'fednova' (it brings its "
+                          "own server)")
+    if cfg.training.momentum:
+        raise ConfigError("local.algorithm 'fednova' normalises plain SGD's updates: set training.momentum: 0 "
+                          "(FedNova's momentum variant is not implemented)")
+    return FedNovaStrategy, {"max_tau": cfg.training.local_steps}
+
+
+CLIENT_METHODS.register("fednova", make_client)
+SERVER_HALVES.register("fednova", server_half)
+
+__all__ = ["FedNovaClient", "FedNovaStrategy", "fednova_server_model"]
