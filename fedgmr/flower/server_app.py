@@ -66,22 +66,12 @@ class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def refuse_client_state(cfg: Any) -> None:
-    """Client methods that keep state between jobs or exchange vectors beside the model
-    (SCAFFOLD, Ditto, FedBN) need the simulator's client-state store: not on Flower yet."""
-    from fedgmr.errors import ConfigError
-    from fedgmr.training.client_methods import client_method
+    """What the Flower runtime cannot carry yet (client state, values beside the model,
+    per-cluster models, client sampling): the refusals of the one runtime table,
+    :data:`fedgmr.runtime_support.RUNTIME_RULES`."""
+    from fedgmr.runtime_support import check_runtime
 
-    if cfg.clustering.kind != "none":  # several models per job and cluster state: the Flower payload carries one
-        raise ConfigError(f"clustering.kind {cfg.clustering.kind!r} sends per-cluster models, which the Flower "
-                          f"runtime does not carry yet; run it in the simulator (fedgmr run)")
-    method = client_method(cfg.local)
-    if method.stateful or method.needs_extras or method.returns_extras:
-        raise ConfigError(f"local.algorithm {cfg.local.algorithm!r} keeps client state between jobs, which the "
-                          f"Flower runtime does not carry yet; run it in the simulator (fedgmr run)")
-    if cfg.clients.concurrency is not None and cfg.clients.concurrency < cfg.clients.num_clients:
-        raise ConfigError(f"clients.concurrency {cfg.clients.concurrency} samples clients per round, which the "
-                          f"Flower runtime does not do yet (it keeps every node busy); unset it, or run it in the "
-                          f"simulator (fedgmr run)")
+    check_runtime(cfg, "flower")
 
 
 def check_against_config(rc: DeploymentConfig, cfg: Any) -> None:
