@@ -74,19 +74,10 @@ def _start(version: bool = typer.Option(False, "--version", is_eager=True, callb
 
 
 def load_raw_config(config: str) -> dict[str, Any]:
-    """A config file path, or the name of a shipped preset."""
-    from fedgmr.presets import load_preset, preset_names
+    """A config file path, or the name of a shipped preset (:func:`fedgmr.presets.load_raw_config`)."""
+    from fedgmr.presets import load_raw_config as load
 
-    path = Path(config)
-    # a file wins over a preset of the same name; a directory never shadows a preset
-    if path.is_file():
-        return read_config_file(path)
-    if config in preset_names():
-        return load_preset(config)
-    if path.exists():
-        raise ConfigError(f"'{config}' is not a config file (a directory?) nor a preset "
-                          f"(presets: {', '.join(preset_names())})")
-    raise ConfigError(f"'{config}' is neither a config file nor a preset (presets: {', '.join(preset_names())})")
+    return load(config)
 
 
 def resolve(config: str, overrides: list[str]):

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from fedgmr.training.losses import task_loss
+from fedgmr.algorithm.losses import task_loss
 
 Layer = Callable[[torch.Tensor], torch.Tensor]
 

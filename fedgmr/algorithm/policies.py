@@ -174,5 +174,5 @@ POLICIES: Registry = Registry("sub-model policy")
 POLICIES.register("magnitude", MagnitudePolicy)
 POLICIES.register("full", FullModelPolicy)
 
-# the online extraction policies (random, rolling, coverage_max) register themselves here
-from fedgmr.algorithm import extraction as _extraction  # noqa: E402,F401  (after POLICIES: it imports them)
+# the online extraction policies (random, rolling, coverage_max) register themselves in
+# POLICIES from fedgmr.algorithm.extraction, which the experiment builder imports

@@ -33,7 +33,7 @@ from fedgmr.models import build_model
 from fedgmr.models.scaler import attach_scaler
 from fedgmr.training.evaluate import evaluate
 from fedgmr.training.local import BatchOrder, TrainOutcome, TrainSettings, clip_flat, masked_local_training
-from fedgmr.training.losses import task_loss
+from fedgmr.algorithm.losses import task_loss
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.algorithm.masks import compute_costs, explicit_costs, flops_per_weight, layer_costs
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.algorithm.policies import POLICIES, FullModelPolicy, MagnitudePolicy, SubmodelPolicy
+from fedgmr.algorithm import extraction as _extraction  # noqa: F401 - registers random, rolling, coverage_max
 from fedgmr.algorithm.restoration import (DeadlineTrigger, DensityLadder, EarlyStoppingTrigger, FixedTimeTrigger,
                                           NoTrigger, RestorationTrigger)
 from fedgmr.algorithm.staleness import make_staleness

@@ -339,7 +339,7 @@ def _resolve_base(base: str, root: Path) -> str:
 def resolve_cells(cells: list[Cell]) -> None:
     """Validate every cell's config up front: a bad cell is a ConfigError naming it,
     before anything runs."""
-    from fedgmr.cli import load_raw_config
+    from fedgmr.presets import load_raw_config
     from fedgmr.methods import resolve_config
 
     for cell in cells:

@@ -51,3 +51,19 @@ def load_preset(name: str) -> dict[str, Any]:
     if moved and isinstance(data, dict) and str(data.get("root", "")).startswith(SHARED_DATA):
         data["root"] = str(Path(moved) / str(data["root"])[len(SHARED_DATA):])
     return raw
+
+
+def load_raw_config(config: str) -> dict[str, Any]:
+    """A config file path, or the name of a shipped preset (a file wins over a preset of
+    the same name; a directory never shadows a preset). ConfigError when it is neither."""
+    from fedgmr.errors import ConfigError
+
+    path = Path(config)
+    if path.is_file():
+        return read_config_file(path)
+    if config in preset_names():
+        return load_preset(config)
+    if path.exists():
+        raise ConfigError(f"'{config}' is not a config file (a directory?) nor a preset "
+                          f"(presets: {', '.join(preset_names())})")
+    raise ConfigError(f"'{config}' is neither a config file nor a preset (presets: {', '.join(preset_names())})")

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from fedgmr.device import module_device
-from fedgmr.training.losses import task_loss
+from fedgmr.algorithm.losses import task_loss
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ import torch.nn as nn
 from fedgmr.algorithm.distillation import DistillLoss, batch_indices, distill_loss
 from fedgmr.algorithm.params import ParamSpace, set_buffers
 from fedgmr.device import module_device
-from fedgmr.training.client_methods import ClientResult, SGDClient, stored_model
+from fedgmr.training.client_base import ClientResult, SGDClient, stored_model
 
 
 def _sub_seed(seed: int, tag: int) -> int:

@@ -29,9 +29,9 @@ from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.errors import ConfigError
 from fedgmr.models import build_model
 from fedgmr.models.rep import is_representation_model
-from fedgmr.training.client_methods import ClientResult
+from fedgmr.training.client_base import ClientResult
 from fedgmr.training.local import BatchOrder, TrainOutcome, clip_gradients
-from fedgmr.training.losses import task_loss
+from fedgmr.algorithm.losses import task_loss
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from fedgmr.algorithm.maskinfo import memo
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.device import module_device
 from fedgmr.training.evaluate import evaluate
-from fedgmr.training.losses import task_loss
+from fedgmr.algorithm.losses import task_loss
 
 
 def _grad_mask_plan(space: ParamSpace, mask: torch.Tensor | None) -> list[tuple[str, torch.Tensor]]:
