@@ -223,14 +223,6 @@ class LocalConfig(_Section):
     stragglers: float = Field(0.0, ge=0, le=1)
     options: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("algorithm")
-    @classmethod
-    def _algorithm(cls, v: str) -> str:
-        from fedgmr.training.client_methods import CLIENT_METHODS
-
-        _check_known([v], CLIENT_METHODS, "client algorithm")
-        return v
-
 
 class FedMRLConfig(_Section):
     """FedMRL (``local.algorithm: fedmrl``; docs/methods/fedmrl.md). The model
@@ -385,15 +377,6 @@ class ClusteringConfig(_Section):
     min_size: int = Field(2, ge=1)
     warmup: int = Field(20, ge=0)
     loss_samples: int | None = Field(None, ge=1)
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        from fedgmr.strategy.clustered import CLUSTERINGS
-
-        if v != "none":
-            _check_known([v], CLUSTERINGS, "clustering")
-        return v
 
 
 #: client methods that train the model they are sent, so that a clustered server can send a cluster's
@@ -611,9 +594,7 @@ class RunConfig(_Section):
     @field_validator("loggers")
     @classmethod
     def _loggers(cls, v: list[str]) -> list[str]:
-        from fedgmr.experiment.loggers import LOGGERS
-
-        _check_known(v, LOGGERS, "logger")
+        # the names are checked against the registry by fedgmr.methods.check_builder_options
         if len(set(v)) != len(v):
             raise ValueError("names a logger twice")
         return v
@@ -887,7 +868,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     ``/dev/zero``), a directory or a larger file is one ``ConfigError`` line, never a hang
     or an unbounded read."""
     from fedgmr.errors import RunDirError
-    from fedgmr.experiment.rundir import read_run_file
+    from fedgmr.safe_read import read_run_file
 
     path = Path(path)
     try:

@@ -257,10 +257,40 @@ def check_builder_options(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"invalid value for '{section}.name': unknown {kind} {name!r} "
                               f"(known: {', '.join(registry.names())})")
         check_option_names(section, kind, name, registry.get(name), options, reserved)
+    check_registered_names(cfg)
     if cfg.local.options:  # the client method's options: names and values, checked by building it
         from fedgmr.training.client_methods import client_method
 
         client_method(cfg.local)
+
+
+def check_registered_names(cfg: ExperimentConfig) -> None:
+    """Refuse a client algorithm, clustering or logger name its registry does not hold.
+    The registries live above the config schema (training, strategy, experiment): the
+    schema takes any name and this top-level check, which every entry point runs through
+    :func:`resolve_config`, holds it against them (the defaults need no registry)."""
+    checks: list[tuple[str, str, list[str], Any]] = []
+    if cfg.local.algorithm != "sgd":
+        from fedgmr.training.client_methods import CLIENT_METHODS
+
+        checks.append(("local.algorithm", "client algorithm", [cfg.local.algorithm], CLIENT_METHODS))
+    if cfg.clustering.kind != "none":
+        from fedgmr.strategy.clustered import CLUSTERINGS
+
+        checks.append(("clustering.kind", "clustering", [cfg.clustering.kind], CLUSTERINGS))
+    for key, what, names, registry in checks:
+        unknown = [n for n in names if n not in registry]
+        if unknown:
+            raise ConfigError(f"invalid value for '{key}': unknown {what} {unknown[0]!r} "
+                              f"(known: {', '.join(registry.names())}) (got {names[0]!r})")
+    if cfg.run.loggers:  # the trackers' registry sits below the schema: no tracker is imported
+        from fedgmr.logger_names import known_loggers
+
+        known = known_loggers()
+        unknown = [n for n in cfg.run.loggers if n not in known]
+        if unknown:
+            raise ConfigError(f"invalid value for 'run.loggers': unknown logger {unknown[0]!r} "
+                              f"(known: {', '.join(known)}) (got {list(cfg.run.loggers)!r})")
 
 
 def _live_registry(package: str) -> Registry:

@@ -371,3 +371,14 @@ def test_a_logger_that_cannot_start_is_dropped_with_one_warning_and_named_in_the
 def test_a_run_whose_loggers_all_work_has_no_failures_key(tmp_path: Path):
     summary = run_experiment(config(["tensorboard"], max_steps=4), tmp_path / "r")
     assert "logger_failures" not in summary
+
+
+def test_the_shipped_logger_names_are_the_registered_trackers():
+    """Config checks read logger names from fedgmr.logger_names (below the schema, no
+    tracker imported); the trackers register there - the two lists must agree."""
+    from fedgmr.experiment import loggers
+    from fedgmr.logger_names import BUILTIN_LOGGERS, LOGGERS, known_loggers
+
+    assert loggers.LOGGERS is LOGGERS
+    assert sorted(BUILTIN_LOGGERS) == sorted(n for n in LOGGERS.names() if LOGGERS.get(n).__module__ == loggers.__name__)
+    assert known_loggers() == sorted(LOGGERS.names())

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 from fedgmr.errors import ConfigError, FedGMRError
+from fedgmr.logger_names import LOGGERS as _LOGGERS
 from fedgmr.registry import Registry
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class RunLogger:
         """Flush and close; ``status`` is ``completed``, ``failed`` or ``interrupted``."""
 
 
-LOGGERS: Registry[type[RunLogger]] = Registry("logger")
+LOGGERS: Registry[type[RunLogger]] = _LOGGERS  # the registry lives in fedgmr.logger_names
 
 
 @LOGGERS.register("tensorboard")
