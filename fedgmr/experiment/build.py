@@ -33,6 +33,7 @@ from fedgmr.sim.executors import make_process_executor, make_ray_executor
 from fedgmr.sim.network import Network, tier_densities
 from fedgmr.sim.simulator import ComputeModel, Coordination, Simulator
 from fedgmr.strategy.distill import attach_public, distill_half
+from fedgmr.strategy.compose import ServerPart, compose_strategy
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.server_halves import server_half
 from fedgmr.training.evaluate import class_report, evaluate
@@ -267,75 +268,67 @@ def _trigger(cfg: ExperimentConfig) -> RestorationTrigger:
     return NoTrigger()
 
 
-def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
-                     data: FederatedData | None = None) -> Experiment:
-    """Wire up a :class:`Simulator` for ``cfg`` (pass ``data`` to reuse a loaded data set).
-
-    The model is initialised on the CPU (the same weights on every device), then the
-    global model, its buffers, masks, aggregation and evaluation live on ``run.device``."""
-    device = resolve_device(cfg.run.device)  # first: a missing GPU is refused before any work
-    if cfg.run.torch_threads:
-        torch.set_num_threads(cfg.run.torch_threads)
-    streams = Streams.from_seed(cfg.seed)
-    data = data or load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
-    partition = _partition(cfg, data, streams.partition)
-    factory = model_factory(cfg, data)
-    model = init_model(factory, streams.init)
-    space = ParamSpace(model, prune_output=cfg.submodel.prune_output)
-    params = space.flatten(model).to(device)
-    buffers = to_device(get_buffers(model), device)
-    n = cfg.clients.num_clients
-    tiers = tier_densities(cfg.clients.heterogeneity, n)
-    example = data.train.x[:1]
-    policy = _policy(cfg, space, params, model, example, baseline_hooks.width_builder(cfg, data))
-    baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory, device)
-    if isinstance(policy, FullModelPolicy):
-        ladder = DensityLadder((1.0,), [0] * n)
-    else:
-        ladder = DensityLadder.from_densities(cfg.submodel.ladder, tiers)
-        if baseline is not None:
-            ladder = baseline.ladder(ladder)
+def _rule(cfg: ExperimentConfig, baseline: Any) -> Any:
+    """The aggregation rule: the configured one with its options, or the width baseline's own."""
     agg = cfg.aggregation
     rule = RULES.get(agg.rule) if agg.coverage_floor is None else floored_ma_rule(agg.coverage_floor)
     if agg.rule in _RULE_OPTIONS:
         rule = _RULE_OPTIONS[agg.rule](agg)
     if baseline is not None and baseline.rule is not None:
         rule = baseline.rule
+    return rule
+
+
+def _server_parts(cfg: ExperimentConfig, data: FederatedData, partition: Partition, model: nn.Module,
+                  space: ParamSpace, factory: Callable[[], nn.Module], streams: Streams, device: torch.device,
+                  baseline: Any) -> tuple[list[ServerPart], torch.Tensor | None]:
+    """What each part of ``cfg`` asks of the server (:func:`compose_strategy` takes them
+    together), and the proxy data distillation loaded (None when it distils nothing)."""
     if baseline is not None and baseline.trainer is not None \
             and (cfg.local.algorithm != "sgd" or cfg.local.stragglers > 0):
         what = (f"local.algorithm {cfg.local.algorithm!r}" if cfg.local.algorithm != "sgd"
                 else "local.stragglers")
         raise ConfigError(f"{what} needs FedGMR's masked local training; submodel.policy "
                           f"{cfg.submodel.policy!r} trains with its own client procedure")
-    strategy_cls = baseline.strategy_cls if baseline is not None else MaskedBufferedStrategy
-    x = data.train.x
-    extra = dict(baseline.strategy_kwargs) if baseline is not None else {}
-    half_cls, half_kwargs = server_half(cfg, model, space)
-    if half_cls is not None:
-        strategy_cls = half_cls
-    extra.update(half_kwargs)
+    parts: list[ServerPart] = []
+    if baseline is not None:  # a width baseline's server (HeteroFL, FedRolex, FjORD, FIARSE)
+        parts.append(ServerPart(f"submodel.policy {cfg.submodel.policy!r}", baseline.strategy_cls,
+                                dict(baseline.strategy_kwargs)))
+    half_cls, half_kwargs = server_half(cfg, model, space)  # the client method's server half
+    parts.append(ServerPart(f"local.algorithm {cfg.local.algorithm!r}", half_cls, half_kwargs))
     distill_cls, distill_kwargs, proxy = distill_half(  # federated distillation (FedDF, FedMD)
         cfg, data, factory, space, device, lambda: client_splits(cfg, data, partition).server_val, baseline)
-    if distill_cls is not None:
-        strategy_cls = distill_cls
-    extra.update(distill_kwargs)
+    parts.append(ServerPart("distill.server (FedDF)" if cfg.distill.server else f"local.algorithm {cfg.local.algorithm!r}",
+                            distill_cls, distill_kwargs))
     if cfg.clustering.kind != "none":  # clustered FL (IFCA, CFL): one model per cluster on FedGMR's server
         from fedgmr.strategy.clustered import clustering_half
 
-        if baseline is not None or strategy_cls is not MaskedBufferedStrategy:
+        own = [p for p in parts if p.brings_class]
+        if baseline is not None or own:
             what = (f"submodel.policy {cfg.submodel.policy!r} (a width baseline)" if baseline is not None
-                    else f"{strategy_cls.__name__}")
+                    else f"{own[0].strategy_cls.__name__}")  # type: ignore[union-attr]
             raise ConfigError(f"clustering.kind {cfg.clustering.kind!r} needs FedGMR's own server; {what} brings "
                               f"its own")
-        strategy_cls, cluster_kwargs = clustering_half(cfg, factory, streams.init, device)
-        extra.update(cluster_kwargs)
-    if agg.bn_stats == "server" and "bn_stats" not in extra and get_buffers(model):
+        cluster_cls, cluster_kwargs = clustering_half(cfg, factory, streams.init, device)
+        parts.append(ServerPart(f"clustering.kind {cfg.clustering.kind!r}", cluster_cls, cluster_kwargs))
+    agg = cfg.aggregation
+    if agg.bn_stats == "server" and not any("bn_stats" in p.kwargs for p in parts) and get_buffers(model):
         if len(partition.server_val) == 0:
             raise ConfigError("aggregation.bn_stats 'server' needs a server validation split (data.val_fraction > 0)")
         from fedgmr.baselines.server import BNStatistics  # the baselines' static-BN pass
 
-        extra["bn_stats"] = BNStatistics(factory().to(device), space,
-                                         x[torch.as_tensor(partition.server_val, dtype=torch.long)])
+        x = data.train.x
+        parts.append(ServerPart("aggregation.bn_stats 'server'", None, {"bn_stats": BNStatistics(
+            factory().to(device), space, x[torch.as_tensor(partition.server_val, dtype=torch.long)])}))
+    return parts, proxy
+
+
+def _strategy(cfg: ExperimentConfig, parts: list[ServerPart], space: ParamSpace, params: torch.Tensor,
+              buffers: dict[str, torch.Tensor], policy: SubmodelPolicy, ladder: DensityLadder, rule: Any,
+              partition: Partition) -> MaskedBufferedStrategy:
+    """The server strategy: FedGMR's, or the one class a part brings, with every part's arguments."""
+    strategy_cls, extra = compose_strategy(parts)
+    agg = cfg.aggregation
     try:
         strategy = strategy_cls(
             space, params, buffers, policy, ladder, rule,
@@ -352,13 +345,28 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         raise ConfigError(str(exc)) from None
     if cfg.run.coverage_eval_every is not None and cfg.run.coverage_window is not None:
         strategy.track_coverage(cfg.run.coverage_window)
-    workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
-    workload.choice_samples = cfg.clustering.loss_samples  # IFCA's loss on at most this many samples
-    attach_public(cfg, workload, proxy)
+    return strategy
 
+
+@dataclass
+class _Evaluation:
+    """The server's evaluator and the diagnostics it feeds (built by :func:`_evaluation`)."""
+
+    evaluator: Callable[[torch.Tensor, dict[str, torch.Tensor], str], tuple[float, float]]
+    diagnostics: Diagnostics
+    sims: list[Simulator]  # the simulator, once it exists (its client states are read at each evaluation)
+
+
+def _evaluation(cfg: ExperimentConfig, data: FederatedData, partition: Partition, space: ParamSpace,
+                factory: Callable[[], nn.Module], device: torch.device, strategy: MaskedBufferedStrategy,
+                method: Any) -> _Evaluation:
+    """Test/validation evaluation of the published models, and the per-level, per-client,
+    personal, coverage and per-class diagnostics at their own cadences."""
+    n = cfg.clients.num_clients
     eval_model = factory().to(device)
     shared = client_splits(cfg, data, partition)
     splits = {"test": shared.global_test, "val": shared.server_val}
+    sims: list[Simulator] = []
 
     def loaded(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> nn.Module:
         """The evaluation model holding ``flat`` and ``bufs``."""
@@ -369,9 +377,6 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     def evaluate_split(flat: torch.Tensor, bufs: dict[str, torch.Tensor], sx: torch.Tensor,
                        sy: torch.Tensor) -> tuple[float, float]:
         return evaluate(loaded(flat, bufs), sx, sy, data.task, data.pad_index)
-
-    method = workload.client_method
-    sims: list[Simulator] = []  # the simulator, once it exists (its client states are read at each evaluation)
 
     def evaluate_personal(own: Any, bufs: Any, sx: torch.Tensor, sy: torch.Tensor) -> tuple[float, float]:
         """A client's own model: global-architecture weights, or a module of its own (FedMRL)."""
@@ -423,7 +428,13 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         coverage_stats=strategy.coverage_stats, client_levels=lambda: list(strategy.ladder.levels),
         coverage_every=cfg.run.coverage_eval_every,
         class_report=class_report_of, class_every=cfg.run.class_eval_every)
+    return _Evaluation(evaluator, diagnostics, sims)
 
+
+def _network_and_compute(cfg: ExperimentConfig, tiers: list[float], streams: Streams, model: nn.Module,
+                         space: ParamSpace, example: torch.Tensor, method: Any) -> tuple[Network, ComputeModel]:
+    """The clients' links (tier rates, jitter on its own stream) and the compute-time model."""
+    n = cfg.clients.num_clients
     net = cfg.network
     network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,
                       net.jitter_sigma, streams.network)
@@ -441,13 +452,55 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     client_work = None if job_work is None else [job_work(c, example) for c in range(n)]
     compute = ComputeModel(net.compute.kind, net.compute.seconds_per_round, net.compute.speeds, flops_fraction,
                            client_work)
+    return network, compute
+
+
+def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]], None] | None = None,
+                     data: FederatedData | None = None) -> Experiment:
+    """Wire up a :class:`Simulator` for ``cfg`` (pass ``data`` to reuse a loaded data set).
+
+    The model is initialised on the CPU (the same weights on every device), then the
+    global model, its buffers, masks, aggregation and evaluation live on ``run.device``.
+    Each part has its builder: the sub-model policy and ladder, the server parts and the
+    strategy they compose (:mod:`fedgmr.strategy.compose`), the client workload, the
+    evaluation, the network and compute models, the executor and the simulator."""
+    device = resolve_device(cfg.run.device)  # first: a missing GPU is refused before any work
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    streams = Streams.from_seed(cfg.seed)
+    data = data or load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
+    partition = _partition(cfg, data, streams.partition)
+    factory = model_factory(cfg, data)
+    model = init_model(factory, streams.init)
+    space = ParamSpace(model, prune_output=cfg.submodel.prune_output)
+    params = space.flatten(model).to(device)
+    buffers = to_device(get_buffers(model), device)
+    n = cfg.clients.num_clients
+    tiers = tier_densities(cfg.clients.heterogeneity, n)
+    example = data.train.x[:1]
+    policy = _policy(cfg, space, params, model, example, baseline_hooks.width_builder(cfg, data))
+    baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory, device)
+    if isinstance(policy, FullModelPolicy):
+        ladder = DensityLadder((1.0,), [0] * n)
+    else:
+        ladder = DensityLadder.from_densities(cfg.submodel.ladder, tiers)
+        if baseline is not None:
+            ladder = baseline.ladder(ladder)
+    rule = _rule(cfg, baseline)
+    parts, proxy = _server_parts(cfg, data, partition, model, space, factory, streams, device, baseline)
+    strategy = _strategy(cfg, parts, space, params, buffers, policy, ladder, rule, partition)
+    workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
+    workload.choice_samples = cfg.clustering.loss_samples  # IFCA's loss on at most this many samples
+    attach_public(cfg, workload, proxy)
+    method = workload.client_method
+    ev = _evaluation(cfg, data, partition, space, factory, device, strategy, method)
+    network, compute = _network_and_compute(cfg, tiers, streams, model, space, example, method)
     coord = Coordination(cfg.coordination.mode, cfg.coordination.trigger, cfg.coordination.k,
                          cfg.coordination.deadline_slack, cfg.clients.concurrency, cfg.coordination.server_time,
-                         net.ims)
-    check = cfg.restoration.check_interval
+                         cfg.network.ims)
     full_numel = method.reference_numel() if hasattr(method, "reference_numel") else None
     # FEDGMR_TEST_WORKER=1: the test split evaluated in a forked worker (before the pool forks)
-    test_worker = test_worker_for(cfg, device, lambda flat, bufs: evaluator(flat, bufs, "test"))
+    test_worker = test_worker_for(cfg, device, lambda flat, bufs: ev.evaluator(flat, bufs, "test"))
     try:
         executor = EXECUTORS.get(cfg.run.executor)(workload, cfg)  # last: nothing below can leak its workers
     except BaseException:
@@ -455,17 +508,16 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
             test_worker.close()
         raise
     try:
-        sim = Simulator(strategy, space, executor, network, coord, compute, evaluator, cfg.seed, streams.sampling,
-                        cfg.run.eval_every, check, byte_scale(cfg, space, full_numel), wants_client_validation(cfg),
-                        on_record,
-                        cfg.run.eval_interval, diagnostics if diagnostics.enabled else None,
-                        eval_from=cfg.run.eval_from or 0.0)
+        sim = Simulator(strategy, space, executor, network, coord, compute, ev.evaluator, cfg.seed, streams.sampling,
+                        cfg.run.eval_every, cfg.restoration.check_interval, byte_scale(cfg, space, full_numel),
+                        wants_client_validation(cfg), on_record, cfg.run.eval_interval,
+                        ev.diagnostics if ev.diagnostics.enabled else None, eval_from=cfg.run.eval_from or 0.0)
     except BaseException:
         executor.close()
         if test_worker is not None:
             test_worker.close()
         raise
     sim.test_worker = test_worker
-    sims.append(sim)
-    diagnostics.personal_stamp = lambda: sim.client_state_epoch
+    ev.sims.append(sim)
+    ev.diagnostics.personal_stamp = lambda: sim.client_state_epoch
     return Experiment(cfg, data, partition, space, strategy, sim, executor)

@@ -1,0 +1,63 @@
+"""A server strategy composed from declared parts.
+
+Each part of a configuration that needs something of the server - a width baseline
+(``submodel.policy``), a client method's server half (``local.algorithm``), federated
+distillation (``distill``), clustering (``clustering.kind``) - declares a
+:class:`ServerPart`: the strategy class it brings (None: FedGMR's own
+:class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy` suffices) and the
+constructor arguments it adds. :func:`compose_strategy` takes them together: at most one
+part may bring a class (two are refused in one line naming both, never "the last one
+wins"), and two parts may not set the same argument differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from fedgmr.errors import ConfigError
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+
+
+@dataclass(frozen=True)
+class ServerPart:
+    """What one part of a configuration asks of the server.
+
+    source: the config's words for the part (``"local.algorithm 'scaffold'"``).
+    strategy_cls: the strategy class it brings (None or ``MaskedBufferedStrategy``: none of its own).
+    kwargs: constructor arguments it adds.
+    """
+
+    source: str
+    strategy_cls: type[MaskedBufferedStrategy] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def brings_class(self) -> bool:
+        return self.strategy_cls is not None and self.strategy_cls is not MaskedBufferedStrategy
+
+
+def compose_strategy(parts: Sequence[ServerPart]) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
+    """The strategy class and constructor arguments of ``parts`` taken together
+    (``ConfigError``, one line, when two parts each bring a class or set one argument
+    to different values)."""
+    own = [p for p in parts if p.brings_class]
+    if len(own) > 1:
+        a, b = own[0], own[1]
+        raise ConfigError(f"{a.source} and {b.source} each bring their own server strategy "
+                          f"({a.strategy_cls.__name__}, {b.strategy_cls.__name__}): they cannot be combined")
+    kwargs: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for p in parts:
+        for key, value in p.kwargs.items():
+            if key in kwargs and kwargs[key] is not value:
+                raise ConfigError(f"{owner[key]} and {p.source} both set the server's {key!r}: they cannot be "
+                                  f"combined")
+            kwargs[key] = value
+            owner[key] = p.source
+    cls = own[0].strategy_cls if own else MaskedBufferedStrategy
+    assert cls is not None
+    return cls, kwargs
+
+
+__all__ = ["ServerPart", "compose_strategy"]
