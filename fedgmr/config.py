@@ -523,6 +523,13 @@ class NetworkConfig(_Section):
     server_down: float = Field(50.0, gt=0)
     jitter_sigma: float = Field(0.0, ge=0)
     model_size_mb: float | None = Field(None, gt=0)
+    #: bytes every message carries beside its payload (a transport's framing, headers and
+    #: fields: what a deployment measures, e.g. with ``fedgmr flower testbed``); they take
+    #: link time, unscaled by ``model_size_mb``, and are not counted in ``bytes_up/down``
+    message_bytes: float = Field(0.0, ge=0)
+    #: seconds every message takes beside its transfer (a transport's per-message latency:
+    #: polling, round trips), added to each download's and each upload's finish
+    message_latency: float = Field(0.0, ge=0)
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
 
 

@@ -437,7 +437,7 @@ def _network_and_compute(cfg: ExperimentConfig, tiers: list[float], streams: Str
     n = cfg.clients.num_clients
     net = cfg.network
     network = Network(tiers, net.down_per_tier, net.up_per_tier, net.server_up, net.server_down,
-                      net.jitter_sigma, streams.network)
+                      net.jitter_sigma, streams.network, net.message_bytes, net.message_latency)
     macs = flops_per_weight(model, space, example)
     full_flops = sum(p.numel * macs[p.name] for p in space.params)
 

@@ -65,17 +65,27 @@ class Network:
     server_up, server_down: server link rates, MB/s.
     jitter_sigma: sigma of a log-normal factor on each transfer's client bandwidth.
     rng: the network-jitter random stream.
+    message_bytes: bytes every message carries beside its payload (a transport's framing),
+        on the client's link and the server's; a multicast block is shared, each
+        recipient's message framing is not.
+    message_latency: seconds every message takes beside its transfer (added to each
+        download's and each upload's finish).
     """
 
     def __init__(self, tiers: Sequence[float], down_per_tier: float = 20.0, up_per_tier: float = 5.0,
                  server_up: float = 10.0, server_down: float = 50.0, jitter_sigma: float = 0.0,
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, message_bytes: float = 0.0,
+                 message_latency: float = 0.0) -> None:
+        if message_bytes < 0 or message_latency < 0:
+            raise ValueError("message_bytes and message_latency must be >= 0")
         self.down = [down_per_tier * d * MB for d in tiers]
         self.up = [up_per_tier * d * MB for d in tiers]
         self.server_up = FifoLink(server_up * MB)
         self.server_down = FifoLink(server_down * MB)
         self.jitter_sigma = jitter_sigma
         self.rng = rng or np.random.default_rng(0)
+        self.message_bytes = float(message_bytes)
+        self.message_latency = float(message_latency)
 
     def _jitter(self) -> float:
         return float(self.rng.lognormal(0.0, self.jitter_sigma)) if self.jitter_sigma > 0 else 1.0
@@ -91,21 +101,29 @@ class Network:
         sent: dict[int, float] = {}
         for b in sorted({b for bl in blocks for b in bl}):
             sent[b] = self.server_up.reserve(now, block_bytes[b])
+        framed = {c: self.server_up.reserve(now, self.message_bytes) for c in clients} if self.message_bytes else {}
         finish = {}
         for c, bl in zip(clients, blocks):
             total = sum(block_bytes[b] for b in bl)
+            if self.message_bytes:
+                total += self.message_bytes
             own = now + total / (self.down[c] * self._jitter())
-            finish[c] = max(own, max((sent[b] for b in bl), default=now))
+            finish[c] = max(own, max((sent[b] for b in bl), default=now), framed.get(c, now))
+            if self.message_latency:
+                finish[c] += self.message_latency
         return finish
 
     def upload_time(self, client: int, nbytes: float) -> float:
-        """Seconds the client's own uplink needs for ``nbytes`` (jittered)."""
-        return nbytes / (self.up[client] * self._jitter())
+        """Seconds the client's own uplink needs for ``nbytes`` (jittered), with the message's
+        framing bytes."""
+        return (nbytes + self.message_bytes) / (self.up[client] * self._jitter())
 
     def upload(self, start: float, client_seconds: float, nbytes: float) -> float:
         """Finish time of an upload that starts at ``start`` and needs ``client_seconds``
-        on the client's uplink; the server downlink is shared FIFO."""
-        return max(start + client_seconds, self.server_down.reserve(start, nbytes))
+        on the client's uplink; the server downlink is shared FIFO (the message's framing
+        bytes and latency included)."""
+        done = max(start + client_seconds, self.server_down.reserve(start, nbytes + self.message_bytes))
+        return done + self.message_latency if self.message_latency else done
 
     def state_dict(self) -> dict:
         return {"up_free": self.server_up.free_at, "down_free": self.server_down.free_at,
