@@ -17,7 +17,9 @@ extra); other versions get a warning, not a refusal.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -91,10 +93,27 @@ class Arrived:
 
 # ---------------------------------------------------------------------- grid
 class GridLink:
-    """Push/pull over a Flower ``Grid``; what the FedGMR server loop sees of Flower."""
+    """Push/pull over a Flower ``Grid``; what the FedGMR server loop sees of Flower.
 
-    def __init__(self, grid: Grid) -> None:
+    Pulling never blocks the server loop. Flower hands the ServerApp a reply as soon as
+    its metadata reached the SuperLink and then pulls the reply's objects, retrying with
+    backoff (1 s, doubling, at most 10 s) until the client's upload has finished: over a
+    slow uplink one ``pull_messages`` call waits for the slowest reply in it (the testbed
+    measured 8-30 s). So each awaited instruction is pulled on its own, in a small thread
+    pool (``pull_workers``; 0: every pull in the caller, blocking): :meth:`pull` returns
+    the replies whose pulls have finished and starts a new pull for an instruction whose
+    last one came back empty at most every ``repoll`` seconds.
+    """
+
+    def __init__(self, grid: Grid, pull_workers: int = 8, repoll: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.grid = grid
+        self.repoll = repoll
+        self.clock = clock
+        self._pool = (ThreadPoolExecutor(max_workers=pull_workers, thread_name_prefix="fedgmr-pull")
+                      if pull_workers > 0 else None)
+        self._pulls: dict[str, Future[list[Arrived]]] = {}  # instruction id -> its pull in flight
+        self._started: dict[str, float] = {}  # instruction id -> when its last pull started
 
     def node_ids(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -116,7 +135,30 @@ class GridLink:
         return str(ids[0]) if ids else ""
 
     def pull(self, instruction_ids: Iterable[str]) -> list[Arrived]:
-        """Replies that have arrived for these instructions (non-blocking)."""
+        """Replies that have arrived for these instructions (never waits for an upload in
+        progress; an error raised by a pull is raised here)."""
+        ids = [i for i in instruction_ids if i]
+        if self._pool is None:
+            return self.pull_now(ids)
+        out: list[Arrived] = []
+        for i, fut in list(self._pulls.items()):
+            if fut.done():
+                del self._pulls[i]
+                out += fut.result()
+        got = {a.instruction_id for a in out}
+        now = self.clock()
+        for i in ids:
+            if i in self._pulls or i in got or now - self._started.get(i, -math.inf) < self.repoll:
+                continue
+            self._started[i] = now
+            self._pulls[i] = self._pool.submit(self.pull_now, [i])
+        for i in got:
+            self._started.pop(i, None)
+        return out
+
+    def pull_now(self, instruction_ids: Sequence[str]) -> list[Arrived]:
+        """Pull the replies to these instructions in this thread (blocking while a reply's
+        upload is still in progress)."""
         ids = [i for i in instruction_ids if i]
         if not ids:
             return []
@@ -131,6 +173,12 @@ class GridLink:
             out.append(Arrived(str(md.reply_to_message_id), int(md.src_node_id), fields, err, nbytes))
         return out
 
+    def close(self) -> None:
+        """Stop pulling (pulls in progress are abandoned)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pulls.clear()
+
 
 # ---------------------------------------------------------------------- apps
 def make_server_app(main: Callable[[GridLink, Mapping[str, Any]], None]) -> ServerApp:
@@ -140,7 +188,11 @@ def make_server_app(main: Callable[[GridLink, Mapping[str, Any]], None]) -> Serv
     @app.main()
     def _main(grid: Grid, context: Context) -> None:
         check_version()
-        main(GridLink(grid), dict(context.run_config))
+        link = GridLink(grid)
+        try:
+            main(link, dict(context.run_config))
+        finally:
+            link.close()
 
     return app
 

@@ -97,6 +97,8 @@ class LoopSettings:
     eval_every: int = 5
     check_interval: int = 5
     poll_interval: float = 0.05
+    #: a link call (push or pull) that takes longer than this many seconds is logged
+    slow_call: float = 5.0
 
 
 @dataclass
@@ -128,6 +130,10 @@ class LoopStats:
     #: ``timeouts``, ``skipped`` (dispatches left out while it rested after failures) and,
     #: at the end, ``awaited_at_end`` (an instruction still in flight: seconds since sent)
     nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: per link call (``push``, ``pull``): ``calls``, ``seconds`` in all and the longest
+    #: ``max_s`` (monotonic wall time, whatever clock the loop runs on): where a blocked
+    #: transport shows (a call over ``LoopSettings.slow_call`` is also logged)
+    link_calls: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def node(self, node_id: int) -> dict[str, Any]:
         return self.nodes.setdefault(node_id, {"sent": 0, "replies": 0, "errors": 0, "timeouts": 0, "skipped": 0})
@@ -227,7 +233,7 @@ class BufferedServerLoop:
             # the TTL outlives our own deadline, so a silent client is dropped by the loop
             # (a timeout); the TTL then lets the SuperLink discard the message
             ttl = self.settings.reply_timeout + max(5.0, 0.2 * self.settings.reply_timeout)
-            msg_id = self.link.push(self.node_of_slot[slot], fields, ttl, str(a.version))
+            msg_id = self._timed("push", self.link.push, self.node_of_slot[slot], fields, ttl, str(a.version))
             self.dispatches[slot] += 1
             if not msg_id:
                 log.warning("client %d (node %d): instruction was not accepted; retrying after the next step",
@@ -240,6 +246,24 @@ class BufferedServerLoop:
             self.stats.downloads += 1
             self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask, a.density)
             self.waiting.discard(slot)
+
+    def _timed(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, its wall time counted in ``stats.link_calls[what]`` (a call over
+        ``settings.slow_call`` seconds is logged: a transport that blocks the loop shows)."""
+        t0 = time.monotonic()
+        try:
+            return call(*args)
+        finally:
+            dt = time.monotonic() - t0
+            book = self.stats.link_calls.setdefault(what, {"calls": 0, "seconds": 0.0, "max_s": 0.0})
+            book["calls"] += 1
+            book["seconds"] += dt
+            book["max_s"] = max(book["max_s"], dt)
+            if dt > self.settings.slow_call:
+                line = (f"link {what} took {dt:.1f} s (step {self.strategy.version}, {len(self.in_flight)} "
+                        f"instruction(s) in flight): the transport blocked the server loop")
+                self.stats.log.append(line)
+                log.warning(line)
 
     # ------------------------------------------------------------------ replies
     def _reject(self, slot: int, reason: str) -> None:
@@ -414,7 +438,7 @@ class BufferedServerLoop:
             queued = {a.instruction_id for a in self.queue}
             pending = [i for i in self.in_flight if i not in queued]
             if pending:  # a reply is pulled once: Flower deletes it on delivery
-                self.queue.extend(self.link.pull(pending))
+                self.queue.extend(self._timed("pull", self.link.pull, pending))
             # at most K new replies per step (trigger k): the rest wait in the queue for the next one
             while self.queue and len(self.strategy.arrivals) < self._step_cap():
                 self.handle(self.queue.pop(0))
@@ -521,6 +545,9 @@ def summary(records: list[dict[str, Any]], stats: LoopStats, nodes: int, *, name
         # per node: instructions sent, replies, errors, timeouts, dispatches skipped while it
         # rested after failures, and the seconds an instruction was in flight at the end
         "per_node": {str(node): dict(counts) for node, counts in sorted(stats.nodes.items())},
+        # wall seconds the loop spent in the transport's calls (a blocked push or pull shows here)
+        "link_calls": {what: {"calls": int(b["calls"]), "seconds": round(b["seconds"], 3),
+                              "max_s": round(b["max_s"], 3)} for what, b in sorted(stats.link_calls.items())},
     }
     if t_star is not None:
         mean, std = acc_at_t([r["time"] for r in records], [r["accuracy"] for r in records], t_star)

@@ -509,3 +509,35 @@ def test_resting_never_stalls_a_run_whose_every_node_fails(run_config):
     loop.settings.max_wall = 3.0
     loop.run()  # no update can be aggregated: it ends at max_wall, sending work to resting nodes meanwhile
     assert loop.strategy.version == 0 and loop.stats.errors >= 8
+
+
+# ---------------------------------------------------------------------------- a transport that blocks (issue 43)
+class _SlowPush(FakeLink):
+    """The third push blocks for ``pause`` seconds (a SuperLink that does not answer)."""
+
+    pause = 0.3
+
+    def push(self, node_id: int, fields: Mapping[str, Any], ttl: float, group: str) -> str:
+        if self.pushed == 2:
+            import time
+
+            time.sleep(self.pause)
+        return super().push(node_id, fields, ttl, group)
+
+
+def test_a_blocking_link_call_is_timed_logged_and_summarised(run_config, caplog):
+    from fedgmr.flower.loop import summary
+
+    link = _SlowPush(run_config)
+    loop = _loop(run_config, link, steps=2)
+    loop.settings.slow_call = 0.2
+    with caplog.at_level(logging.WARNING, logger="fedgmr.flower.loop"):
+        records = loop.run()
+    calls = loop.stats.link_calls
+    assert calls["push"]["calls"] == link.pushed and calls["push"]["max_s"] >= _SlowPush.pause
+    assert calls["pull"]["calls"] >= 1 and calls["pull"]["max_s"] < _SlowPush.pause  # only the push blocked
+    blocked = [line for line in loop.stats.log if line.startswith("link push took")]
+    assert len(blocked) == 1 and "the transport blocked the server loop" in blocked[0]
+    assert any(r.getMessage() == blocked[0] for r in caplog.records)
+    out = summary(records, loop.stats, 4)
+    assert out["link_calls"]["push"]["calls"] == link.pushed and out["link_calls"]["push"]["max_s"] >= 0.3
