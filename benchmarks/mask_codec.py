@@ -80,7 +80,7 @@ def main() -> None:
     space = ParamSpace(model)
     flat = space.flatten(model)
     ranking = magnitude_ranking(flat, space)
-    for rho, mask in zip(LADDER, nested_masks(ranking, space, LADDER)):
+    for rho, mask in zip(LADDER, nested_masks(ranking, space, LADDER, basis="prunable")):  # the printed figures
         report(f"cnn magnitude mask, ladder level {rho}", mask)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
 

@@ -45,7 +45,7 @@ def reference_ranking(flat: torch.Tensor, space: ParamSpace, floor: float = 0.02
     return torch.cat([_merge(head_idx, head_score), _merge(tail_idx, tail_score)])
 
 
-def reference_masks(flat, space, densities, floor=0.02, basis="prunable", costs=None) -> list[torch.Tensor]:
+def reference_masks(flat, space, densities, floor=0.02, basis="model", costs=None) -> list[torch.Tensor]:
     ranking = reference_ranking(flat, space, floor, costs)
     out = []
     for d in densities:

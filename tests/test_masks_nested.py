@@ -132,7 +132,7 @@ def test_ranking_orders_by_magnitude_after_floor(space):
 def test_nested_masks_sizes_floors_and_nesting(net, space):
     flat = space.flatten(net)
     ranking = magnitude_ranking(flat, space, floor=0.02)
-    masks = nested_masks(ranking, space, LADDER, floor=0.02)
+    masks = nested_masks(ranking, space, LADDER, floor=0.02, basis="prunable")  # densities over prunable weights
     n_layers = len(space.prunable_layers)
     P = space.num_prunable
     for lo, hi in zip(masks, masks[1:]):
@@ -253,3 +253,20 @@ def test_policy_state_dict_round_trip(net, space):
     other.load_state_dict(state, {k: v.clone() for k, v in tensors.items()})
     for l in range(len(LADDER)):
         assert torch.equal(other.mask(l), policy.mask(l))
+
+
+def test_one_default_density_basis_everywhere():
+    """The config, the magnitude policy and the pure mask functions count a density the
+    same way unless told otherwise (they used to disagree: 'model' vs 'prunable')."""
+    import inspect
+
+    from fedgmr.algorithm import masks
+    from fedgmr.algorithm.policies import MagnitudePolicy
+    from fedgmr.config import SubmodelConfig
+
+    default = SubmodelConfig().density_basis
+    assert default == "model"
+    assert inspect.signature(MagnitudePolicy).parameters["basis"].default == default
+    for fn in (masks.prefix_length, masks.mask_from_ranking, masks.nested_masks, masks.nested_ranked_masks,
+               masks.ranked_mask):
+        assert inspect.signature(fn).parameters["basis"].default == default, fn.__name__

@@ -197,7 +197,7 @@ def top_positions(score: torch.Tensor, m: int, tie: torch.Tensor | None = None,
 
 
 def ranked_mask(score: torch.Tensor, space: ParamSpace, density: float, floor: float = 0.02,
-                basis: str = "prunable", tie: torch.Tensor | None = None) -> torch.Tensor:
+                basis: str = "model", tie: torch.Tensor | None = None) -> torch.Tensor:
     """``mask_from_ranking(magnitude_ranking(score, space, floor), space, density, floor,
     basis)`` for finite scores, without ranking every coordinate: each layer's floor by
     selection, then the rest by one selection over all prunable coordinates (ties by
@@ -236,7 +236,7 @@ def floor_count(space: ParamSpace, floor: float) -> int:
     return sum(min(p.numel, max(1, math.ceil(floor * p.numel))) for p in space.prunable_layers)
 
 
-def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "prunable") -> int:
+def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "model") -> int:
     """How many ranked (prunable) coordinates a mask of ``density`` takes.
 
     ``basis="prunable"``: ``round(rho * P)`` of the ``P`` prunable weights, the always-kept
@@ -258,7 +258,7 @@ def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis:
 
 
 def mask_from_ranking(ranking: torch.Tensor, space: ParamSpace, density: float, floor: float = 0.02,
-                      basis: str = "prunable") -> torch.Tensor:
+                      basis: str = "model") -> torch.Tensor:
     """Mask of a given density: always-kept coordinates + a prefix of ``ranking``
     (:func:`prefix_length` says how long).
 
@@ -272,7 +272,7 @@ def mask_from_ranking(ranking: torch.Tensor, space: ParamSpace, density: float, 
 
 
 def nested_masks(ranking: torch.Tensor, space: ParamSpace, densities: Sequence[float],
-                 floor: float = 0.02, basis: str = "prunable") -> list[torch.Tensor]:
+                 floor: float = 0.02, basis: str = "model") -> list[torch.Tensor]:
     """Masks for increasing ``densities``; each is a subset of the next."""
     if list(densities) != sorted(densities):
         raise ValueError(f"densities must be increasing, got {list(densities)}")
@@ -280,7 +280,7 @@ def nested_masks(ranking: torch.Tensor, space: ParamSpace, densities: Sequence[f
 
 
 def nested_ranked_masks(flat: torch.Tensor, space: ParamSpace, densities: Sequence[float],
-                        floor: float = 0.02, basis: str = "prunable",
+                        floor: float = 0.02, basis: str = "model",
                         costs: dict[str, float] | None = None) -> list[torch.Tensor]:
     """``nested_masks(magnitude_ranking(flat, space, floor, costs), space, densities, floor,
     basis)``, bit for bit, without ranking every coordinate.
