@@ -701,7 +701,8 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
         result["simulated"], predicted = predict_run(raw, out / "sim", scale, compute,
                                                      float(summary.get("time") or duration))
         result.update(compare(sampler, t0, down, up, tiers, predicted, deployed, out / "sim", logs))
-        (out / "transfers.json").write_text(json.dumps(result.pop("transfers"), indent=1))
+        measured = result.pop("transfers")
+        (out / "transfers.json").write_text(json.dumps(measured, indent=1))
         # a second prediction with the ClientApp's own time per message on this machine
         # (training, Flower's Runtime API round trips, the fork, CPU contention), measured
         # by the warm SuperExecs: what is left of the gap is the network and the protocol
@@ -715,6 +716,21 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
             if at2:
                 result["at_time_clientapp_time"] = at2["simulated"]
             sims.append(out / "sim-clientapp")
+            # a third with the transport's bytes per message as well (network.message_bytes): the
+            # median of what each measured transfer carried beyond its predicted payload
+            extra = [t["bytes"] - t["predicted_bytes"] for t in measured]
+            if extra:
+                overhead = max(0.0, statistics.median(extra))
+                result["message_bytes"] = overhead
+                result["simulated_overhead"], predicted3 = predict_run(
+                    raw, out / "sim-overhead", scale, statistics.median(apps), float(summary.get("time") or duration),
+                    message_bytes=overhead)
+                third = compare(sampler, t0, down, up, tiers, predicted3, deployed, out / "sim-overhead", logs)
+                third.pop("transfers", None)
+                result["transfer_ratios_overhead"] = third.get("transfer_ratios")
+                if third.get("at_time"):
+                    result["at_time_overhead"] = third["at_time"]["simulated"]
+                sims.append(out / "sim-overhead")
         result["plot"] = str(plot_comparison(deployed, sims, out / "accuracy.png",
                                              f"{cfg.method}: testbed vs simulator"))
         (out / "link_counters.json").write_text(json.dumps({"devices": sampler.devs, "t0": t0,
@@ -724,12 +740,13 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
 
 
 def predict_run(raw: dict[str, Any], out: Path, scale: float, compute: float,
-                max_time: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                max_time: float, message_bytes: float = 0.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The simulator's run of ``raw`` with the testbed's network: client rates scaled by
     ``scale``, real payload sizes (no ``model_size_mb``), shared server links out of the
     way, ``compute`` seconds per local round; up to ``max_time`` virtual seconds (the
-    deployment's wall time, whatever its steps). Writes ``out/metrics.jsonl``; returns a summary and every
-    predicted transfer (client, direction, start, bytes, seconds)."""
+    deployment's wall time, whatever its steps), ``message_bytes`` beside every payload
+    (``network.message_bytes``). Writes ``out/metrics.jsonl``; returns a summary and every
+    predicted transfer (client, direction, start, bytes on the wire, seconds)."""
     from fedgmr.experiment.build import build_experiment
     from fedgmr.methods import resolve_config
 
@@ -740,6 +757,8 @@ def predict_run(raw: dict[str, Any], out: Path, scale: float, compute: float,
     net["server_up"] = net["server_down"] = 1e6
     net.pop("model_size_mb", None)
     net["compute"] = {"kind": "constant", "seconds_per_round": compute}
+    if message_bytes:
+        net["message_bytes"] = float(message_bytes)
     run = sim.setdefault("run", {})
     run.update({"max_time": max_time, "executor": "serial", "device": "cpu"})
     run.pop("max_steps", None)  # the same time window as the deployment, whatever the steps
@@ -758,15 +777,15 @@ def predict_run(raw: dict[str, Any], out: Path, scale: float, compute: float,
 
     def download_wave(now, clients, blocks, block_bytes):
         for c, bl in zip(clients, blocks):
-            total = sum(block_bytes[b] for b in bl)
+            total = sum(block_bytes[b] for b in bl) + network.message_bytes
             transfers.append({"client": c, "direction": "down", "start": now, "bytes": total,
                               "seconds": total / network.down[c]})
         return wave(now, clients, blocks, block_bytes)
 
     def upload_time(client, nbytes):
         seconds = up_time(client, nbytes)
-        transfers.append({"client": client, "direction": "up", "start": sim_.now, "bytes": nbytes,
-                          "seconds": seconds})
+        transfers.append({"client": client, "direction": "up", "start": sim_.now,
+                          "bytes": nbytes + network.message_bytes, "seconds": seconds})
         return seconds
 
     network.download_wave, network.upload_time = download_wave, upload_time
@@ -867,9 +886,10 @@ def plot_comparison(deployed: Path, simulated: Path | Sequence[Path], path: Path
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sims = [simulated] if isinstance(simulated, (str, Path)) else list(simulated)
-    labels = ["simulator, calibrated training time (virtual s)", "simulator, measured ClientApp time (virtual s)"]
+    labels = ["simulator, calibrated training time (virtual s)", "simulator, measured ClientApp time (virtual s)",
+              "simulator, ClientApp time + bytes per message (virtual s)"]
     for d, label, style in ((deployed, "testbed (wall s)", "-"),
-                            *((p, labels[min(i, 1)], "--") for i, p in enumerate(sims))):
+                            *((p, labels[min(i, 2)], "--") for i, p in enumerate(sims))):
         recs = _records(d)
         ax.plot([r["time"] for r in recs], [r["accuracy"] for r in recs], style, marker=".", label=label)
     ax.set_xlabel("seconds")
@@ -915,6 +935,15 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(f"simulated with the measured ClientApp time ({q['median']:.2f} s per message, median of "
                      f"{q['n']}): steps {s2['step']}, accuracy {(s2['accuracy'] or 0) * 100:.2f}%, uploads per "
                      f"client {s2['client_uploads']}")
+    s3 = result.get("at_time_overhead")
+    if s3:
+        lines.append(f"simulated with the ClientApp time and {result['message_bytes']:,.0f} bytes per message "
+                     f"(network.message_bytes, measured): steps {s3['step']}, accuracy "
+                     f"{(s3['accuracy'] or 0) * 100:.2f}%, uploads per client {s3['client_uploads']}")
+        ratios3 = result.get("transfer_ratios_overhead") or {}
+        if ratios3:
+            lines.append("  measured/predicted with those bytes, median per tier/direction: " + ", ".join(
+                f"{key} {r['measured/predicted']['median']:.2f}" for key, r in ratios3.items()))
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
