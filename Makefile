@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup demo test test-fast bench clean repro-env
+.PHONY: setup demo test test-quick test-fast bench clean repro-env
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,16 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedgmr demo --out demo-out
 
-## make test: the whole test suite (integration tests on ../shared/data skip when it is absent)
+## make test: the whole test suite, the tests marked slow included: what CI runs (.ci/run)
+## (integration tests on ../shared/data skip when it is absent)
 test: $(FULL_STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 --durations=10
 
+## make test-quick: the inner development loop: every test but those marked slow (-m "not slow")
+test-quick: $(FULL_STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 -m "not slow"
+
+## make test-fast: without the Ray and Flower extras: the suite less tests/distributed
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --ignore=tests/distributed
 

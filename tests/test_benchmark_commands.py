@@ -54,6 +54,7 @@ def test_documented_benchmark_command_parses(where: str, script: str, args: str)
         pytest.fail(f"{where}: the script refuses {args!r} (exit {exc.code})")
 
 
+@pytest.mark.slow
 def test_vs_flower_runs_and_prints_each_runtime_with_its_ratio():
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "benchmarks/vs_flower.py", "--repeats", "1", "--rounds", "2", "--warmup", "1",
@@ -84,6 +85,7 @@ def test_flower_deployment_rate_is_read_between_the_warmup_and_the_last_step():
     assert cfg["clients"]["num_clients"] == 5 and cfg["run"]["max_steps"] == 7 and cfg["run"]["eval_every"] == 1
 
 
+@pytest.mark.slow
 def test_flower_deployment_runs_its_simulator_mode():
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "benchmarks/flower_deployment.py", "--repeats", "1", "--steps", "2",

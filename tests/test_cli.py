@@ -1,27 +1,37 @@
-"""The command line, exercised as a user would: subprocesses, real files on disk."""
+"""The command line, exercised as a user would: real files on disk. The commands run in this
+process (``conftest.run_cli``: the same code without an interpreter and PyTorch start-up
+per command); a run and the listings go through the installed ``fedgmr`` entry point in a
+subprocess of its own, and tests/test_run_dir.py kills a run with SIGKILL."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from conftest import tiny_config
+from conftest import fedgmr_in_process, tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
 
-def fedgmr(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True,
-                          env=env or ENV, timeout=300)
-    if check and proc.returncode != 0:
+def fedgmr(*args: str, check: bool = True, env: dict | None = None) -> Any:
+    """``fedgmr ARGS`` in this process (``env``: variables set for the command)."""
+    return fedgmr_in_process(*args, check=check, env=env)
+
+
+def installed(*args: str) -> subprocess.CompletedProcess:
+    """``fedgmr ARGS`` through the installed console script (``python -m fedgmr`` where the
+    script is not next to this Python), in a process of its own."""
+    script = Path(sys.executable).with_name("fedgmr")
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "fedgmr"]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, env=ENV, timeout=300)
+    if proc.returncode != 0:
         raise AssertionError(f"fedgmr {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
 
@@ -34,7 +44,7 @@ def write_config(path: Path, **sections) -> Path:
 def test_run_writes_the_run_directory(tmp_path: Path):
     cfg = write_config(tmp_path / "tiny.yaml")
     out = tmp_path / "run"
-    proc = fedgmr("run", str(cfg), "--out", str(out), "-q")
+    proc = installed("run", str(cfg), "--out", str(out), "-q")
     assert "final accuracy" in proc.stdout
     resolved = yaml.safe_load((out / "config.yaml").read_text())
     assert resolved["method"] == "fedgmr" and resolved["training"]["local_steps"] == 2
@@ -110,31 +120,6 @@ def test_refuses_to_overwrite_a_run(tmp_path: Path):
     fedgmr("run", str(cfg), "--out", str(tmp_path / "r"), "-q", "--overwrite")
 
 
-def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path: Path):
-    cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 150, "eval_every": 2, "checkpoint_every": 10})
-    ref = tmp_path / "ref"
-    fedgmr("run", str(cfg), "--out", str(ref), "-q")
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "run", str(cfg), "--out", str(out), "-q"],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = out / "checkpoint" / "state.json"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if state.exists() and json.loads(state.read_text())["step"] >= 20:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (out / "summary.json").exists()
-    killed_at = json.loads(state.read_text())["step"]
-    assert killed_at < 150
-    fedgmr("run", "--resume", str(out), "-q")
-    assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
-    assert json.loads((out / "summary.json").read_text())["final_accuracy"] == \
-        json.loads((ref / "summary.json").read_text())["final_accuracy"]
-
-
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path: Path):
     cfg = write_config(tmp_path / "tiny.yaml", run={"max_steps": 4, "eval_every": 2, "checkpoint_every": None,
                                                     "checkpoint_seconds": None})
@@ -152,8 +137,8 @@ def test_quickstart_preset_runs_with_progress_bar(tmp_path: Path):
 
 
 def test_methods_and_presets_are_listed():
-    assert "fedgmr_wo_gmr" in fedgmr("methods").stdout
-    assert "quickstart" in fedgmr("presets").stdout
+    assert "fedgmr_wo_gmr" in installed("methods").stdout
+    assert "quickstart" in installed("presets").stdout
 
 
 def test_custom_experiment_example_runs():

@@ -4,18 +4,12 @@ checkpoints (exact resume), the process pool, masks with FedGMR, bytes and refus
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from conftest import simulate, tiny_config
+from conftest import fedgmr_in_process, simulate, tiny_config
 from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.build import build_experiment
@@ -63,6 +57,9 @@ def test_personal_evaluation_off_changes_nothing_else():
 @pytest.mark.parametrize("method, extra", [("scaffold", {}), ("ditto", {}), ("fedbn", {"model": {"name": "cnn",
                                                                                                   "options": {}}})])
 def test_client_state_resumes_exactly(tmp_path: Path, method: str, extra: dict):
+    """Stopped after step 5, its last checkpoint at step 4: the run directory a kill -9 at that
+    moment leaves (the suite's one kill -9 of a real process: tests/test_run_dir.py).
+    ``fedgmr run --resume`` (in this process) picks it up to the uninterrupted metrics."""
     cfg = resolve_config(_raw(method, run={"max_steps": 8, "checkpoint_every": 2}, **extra))
     out, ref = tmp_path / "killed", tmp_path / "ref"
     assert run_experiment(cfg, out, stop_after_steps=5)["interrupted"]
@@ -70,7 +67,8 @@ def test_client_state_resumes_exactly(tmp_path: Path, method: str, extra: dict):
 
     saved = load_file(out / "checkpoint" / "state.safetensors")
     assert any(k.startswith("sim/client/") for k in saved), "client state is not in the checkpoint"
-    run_experiment(cfg, out, resume=True)
+    assert not (out / "summary.json").exists() and _step(out) == 4
+    fedgmr_in_process("run", "--resume", str(out), "-q", check=True)
     run_experiment(cfg, ref)
     assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
 
@@ -166,38 +164,12 @@ def test_feature_shift_transforms_each_clients_images():
     assert all(torch.equal(a[i][1], b[i][1]) for i in range(10))  # labels untouched
 
 
-# ------------------------------------------------------------------ kill -9
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-
-
+# ------------------------------------------------------------------ checkpoints
 def _step(out: Path) -> int:
     try:
         return int(json.loads((out / "checkpoint" / "manifest.json").read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return -1
-
-
-@pytest.mark.parametrize("method", ["scaffold", "ditto"])
-def test_kill_9_and_resume_is_exact_with_client_state(tmp_path: Path, method: str):
-    raw = _raw(method, run={"max_steps": 40, "checkpoint_every": 2, "checkpoint_seconds": None})
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    out, ref = tmp_path / "killed", tmp_path / "ref"
-    cmd = [sys.executable, "-m", "fedgmr", "run", str(config), "-q"]
-    proc = subprocess.Popen([*cmd, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 120
-        while _step(out) < 4 and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
-    assert 0 < _step(out) < 40
-    subprocess.run([sys.executable, "-m", "fedgmr", "run", "--resume", str(out), "-q"], env=ENV, check=True)
-    subprocess.run([*cmd, "--out", str(ref)], env=ENV, check=True)
-    assert (out / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
 
 
 # ------------------------------------------------------------------ tables

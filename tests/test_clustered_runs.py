@@ -85,8 +85,7 @@ def test_process_pool_matches_serial(method: str, extra: dict):
                                                    getattr(exp_p.strategy, "models", [])))
 
 
-def test_ray_matches_serial():
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
+def test_ray_matches_serial(ray_session):  # the test process's one Ray instance (conftest)
     serial, _ = simulate(_raw("ifca", run={"max_steps": 3}))
     ray, _ = simulate(_raw("ifca", run={"max_steps": 3, "executor": "ray", "workers": 2}))
     assert serial == ray

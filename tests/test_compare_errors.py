@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from conftest import as_an_ordinary_user
 from fedgmr.cli import app
 
 RUNNER = CliRunner()
@@ -252,15 +253,20 @@ def test_an_unwritable_output_is_one_line(tmp_path: Path, good: Path, index: int
     assert not out.is_file()
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
-def test_a_read_only_folder_is_one_line(tmp_path: Path, good: Path) -> None:
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o500)
-    try:
-        fails(["plot", str(good), "--out", str(folder / "p.png")], 1, "permission denied")
-    finally:
-        folder.chmod(0o700)
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
+    def body(where: Path) -> None:  # as root (CI): in a child that dropped to an ordinary user
+        good = make_run(where / "good", "fedgmr", [0.5, 0.6, 0.7, 0.8, 0.85, 0.9])
+        folder = where / "ro"
+        folder.mkdir()
+        folder.chmod(0o500)
+        try:
+            fails(["plot", str(good), "--out", str(folder / "p.png")], 1, "permission denied")
+            assert not (folder / "p.png").exists()
+        finally:
+            folder.chmod(0o700)
+
+    as_an_ordinary_user(body, tmp_path)
 
 
 @pytest.mark.parametrize("options, text", [

@@ -199,8 +199,7 @@ def test_process_pool_matches_serial(method: str):
     assert torch.equal(exp_s.strategy.params, exp_p.strategy.params)
 
 
-def test_ray_matches_serial():
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
+def test_ray_matches_serial(ray_session):  # the test process's one Ray instance (conftest)
     for method in ("fedgmr_df", "fedmd"):
         serial, _ = simulate(_raw(method, run={"max_steps": 3}))
         ray, _ = simulate(_raw(method, run={"max_steps": 3, "executor": "ray", "workers": 1}))

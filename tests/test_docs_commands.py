@@ -29,6 +29,8 @@ from conftest import run_cli
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+# the tables over measured/ parse each kept cell once per test process, not once a table
+pytestmark = pytest.mark.usefixtures("measured_read_once")
 
 
 def _commands() -> list[tuple[str, str]]:
@@ -54,7 +56,12 @@ def test_the_docs_show_commands():
     assert len(COMMANDS) >= 10
 
 
-@pytest.mark.parametrize("where,cmd", COMMANDS, ids=[w for w, _ in COMMANDS])
+#: the documented commands that stay long when checked (whole runs): marked slow
+SLOW = ("fedgmr demo",)
+
+
+@pytest.mark.parametrize("where,cmd", [pytest.param(w, c, id=w, marks=[pytest.mark.slow] if c.startswith(SLOW) else [])
+                                       for w, c in COMMANDS])
 def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: Path):
     args = shlex.split(cmd)[1:]
     if any("/path/to" in a or "$" in a or "[" in a and "=" not in a for a in args):

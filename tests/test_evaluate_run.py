@@ -4,21 +4,17 @@ exercised from the command line on real run directories."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from conftest import tiny_config
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
+from conftest import fedgmr_in_process, tiny_config
 
 
-def fedgmr(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
-                          timeout=600)
+def fedgmr(*args: str) -> Any:
+    """``fedgmr ARGS`` in this process (``conftest.run_cli``): the command's exit code and output."""
+    return fedgmr_in_process(*args)
 
 
 def _run(tmp_path: Path, name: str, **run) -> Path:

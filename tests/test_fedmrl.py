@@ -204,8 +204,7 @@ def test_process_pool_matches_serial(method: str):
     _same_runs(simulate(_raw(method, **raw)), simulate(_raw(method, run={"executor": "process", "workers": 2}, **raw)))
 
 
-def test_ray_matches_serial():
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
+def test_ray_matches_serial(ray_session):  # the test process's one Ray instance (conftest)
     raw = dict(training={"momentum": 0.9}, run={"max_steps": 2})
     _same_runs(simulate(_raw(**raw)),
                simulate(_raw(training={"momentum": 0.9}, run={"max_steps": 2, "executor": "ray", "workers": 2})))

@@ -19,6 +19,8 @@ from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "reproduction.md"
+# the tables over measured/ parse each kept cell once per test process, not once a table
+pytestmark = pytest.mark.usefixtures("measured_read_once")
 
 
 def pasted_tables(text: str) -> list[tuple[str, str]]:

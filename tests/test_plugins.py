@@ -310,6 +310,7 @@ def test_a_broken_plugin_warns_in_one_line_and_the_others_still_load(tmp_path: P
 
 
 # ---------------------------------------------------------------------- sweeps
+@pytest.mark.slow
 def test_a_sweep_file_s_imports_reach_every_cell(tmp_path: Path):
     project = tmp_path / "project"
     _plugin(project / "code", "sweep_plugin", "sweep_data")

@@ -5,13 +5,11 @@ on tiny files, and the offline presets run end to end on ../shared/data."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import fedgmr_in_process
 from fedgmr.config import apply_overrides
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
@@ -19,7 +17,6 @@ from fedgmr.presets import load_preset, preset_names, preset_path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
 PAPER = {  # docs/reference.md §13: lr, momentum, wd, batch, local steps, check, patience (High, non-IID), MB, t*, stop
     "femnist": dict(model="conv2", partition="natural", lr=0.25, momentum=0.0, wd=0.0, batch=20, steps=5,
@@ -74,8 +71,7 @@ def test_paper_presets_carry_the_paper_settings(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_paper_preset_without_data_root_fails_with_one_line(name: str, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "fedgmr", "run", name, "--out", str(tmp_path / "run"), "-q"],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+    proc = fedgmr_in_process("run", name, "--out", str(tmp_path / "run"), "-q")  # in this process (conftest.run_cli)
     assert proc.returncode == 4, proc.stderr  # DatasetFormatError: data files missing
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
@@ -102,6 +98,7 @@ def test_femnist_preset_runs_on_tiny_leaf_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(OFFLINE))
 def test_offline_preset_runs_end_to_end(name: str, tmp_path: Path) -> None:
     if not (SHARED_DATA / OFFLINE[name]).is_dir():
@@ -112,8 +109,7 @@ def test_offline_preset_runs_end_to_end(name: str, tmp_path: Path) -> None:
     args = ["run", name, "--out", str(out), "-q", "--set", "run.max_time=120", "--set", "run.eval_interval=5",
             "--set", "restoration.check_interval=2", "--set", "restoration.patience=1",
             "--set", "restoration.min_delta=0.5"]
-    proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
-                          cwd=REPO, timeout=240)
+    proc = fedgmr_in_process(*args, cwd=REPO)  # in this process: the run, without a PyTorch start-up
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert 0 < summary["time"] <= 120 and summary["steps"] >= 4

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from conftest import scaled
+from conftest import fedgmr_in_process, scaled
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 
@@ -43,6 +44,7 @@ def fedgmr(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=scaled(900))
 
 
+@pytest.mark.slow
 def test_rejected_updates_are_reported_by_run_and_marked_by_table(tmp_path: Path):
     (tmp_path / "nan_plugin.py").write_text(PLUGIN)
     run = fedgmr("run", "quickstart", "--import", "nan_plugin.py", "--set", "run.executor=nan_client0",
@@ -60,23 +62,26 @@ def test_rejected_updates_are_reported_by_run_and_marked_by_table(tmp_path: Path
                    "-q", "--out", "good", cwd=tmp_path)
     assert clean.returncode == 0 and "warning" not in clean.stderr, clean.stderr
 
-    table = fedgmr("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", cwd=tmp_path)
+    # the tables: in this process (the runs above are processes of their own: --import, and the
+    # warnings the installed command's logging prints)
+    table = fedgmr_in_process("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     lines = {line.split("|")[1].strip(): line for line in table.stdout.splitlines() if line.startswith("| fedgmr")}
     assert lines["fedgmr"].count("†") == 1  # only the executor=nan_client0 column's cell is marked
     assert (f"†: the server rejected client updates in 1 run of the marked cell ({summary['rejected_updates']} "
             "updates in all") in table.stdout
-    latex = fedgmr("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", "--format", "latex",
-                   cwd=tmp_path)
+    latex = fedgmr_in_process("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", "--format",
+                              "latex", cwd=tmp_path)
     body = latex.stdout.split("\n", 1)[1]  # after the caption's comment line
     assert body.count(r"\textsuperscript{\dag}") == 1 and "†" not in body
-    csv = fedgmr("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", "--format", "csv",
-                 cwd=tmp_path)
+    csv = fedgmr_in_process("table", "bad", "good", "--t-star", "100", "--cols", "run.executor", "--format", "csv",
+                            cwd=tmp_path)
     frame = pd.read_csv(io.StringIO(csv.stdout)).set_index("run.executor")
     assert frame.loc["nan_client0", "rejected_updates"] == summary["rejected_updates"]
     assert frame.loc["serial", "rejected_updates"] == 0
 
 
+@pytest.mark.slow
 def test_a_sweep_names_the_cells_whose_server_rejected_updates(tmp_path: Path):
     (tmp_path / "nan_plugin.py").write_text(PLUGIN)
     (tmp_path / "rej.yaml").write_text(

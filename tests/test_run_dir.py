@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from conftest import tiny_config
+from conftest import as_an_ordinary_user, fedgmr_in_process, tiny_config
 from fedgmr.errors import RunDirError, RunFailedError
 from fedgmr.experiment.build import EXECUTORS
 from fedgmr.experiment.runner import run_experiment, saved_config
@@ -34,7 +34,12 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 TIMEOUT = 600  # seconds: generous, the machine is shared
 
 
-def fedgmr(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def fedgmr(*args: str, check: bool = True, own_process: bool = False) -> Any:
+    """``fedgmr ARGS``: in this process (``conftest.run_cli``: no interpreter and PyTorch
+    start-up per command), or with ``own_process`` in a subprocess, for what must be another
+    process (a second writer while this one holds the run directory's lock)."""
+    if not own_process:
+        return fedgmr_in_process(*args, check=check)
     proc = subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
                           timeout=TIMEOUT)
     if check and proc.returncode != 0:
@@ -42,7 +47,7 @@ def fedgmr(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def error_line(proc: subprocess.CompletedProcess) -> str:
+def error_line(proc: Any) -> str:
     """The one ``error:`` line of a refused command (warnings may come before it)."""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr
@@ -150,10 +155,10 @@ def test_a_second_writer_is_refused_and_the_first_run_is_intact(reference: Path,
         with pytest.raises(RunDirError, match="in use"):
             run_experiment(tiny(checkpoint_every=10, executor="test-gate"), out, resume=True)
         # another process: the CLI's one-line refusal, exit code 3
-        proc = fedgmr("run", "--resume", str(out), "-q", check=False)
+        proc = fedgmr("run", "--resume", str(out), "-q", check=False, own_process=True)
         assert proc.returncode == 3 and "in use by another fedgmr run" in error_line(proc)
         proc = fedgmr("run", str(write_tiny(tmp_path / "t.yaml")), "--out", str(out), "--overwrite", "-q",
-                      check=False)
+                      check=False, own_process=True)
         assert proc.returncode == 3 and f"process {os.getpid()}" in error_line(proc)
         assert (out / "metrics.jsonl").read_bytes() == before  # nothing was touched
     finally:
@@ -336,9 +341,15 @@ def test_checkpoints_are_on_by_default_and_never_change_the_results(reference: P
     assert (reference / "metrics.jsonl").read_bytes() == (off / "metrics.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 def test_default_checkpoints_let_a_killed_quickstart_resume_exactly(tmp_path: Path):
     """kill -9 half-way through a default quickstart run (shortened to 130 steps, the
-    checkpoint settings left at their defaults), resume, compare with an uninterrupted run."""
+    checkpoint settings left at their defaults), resume, compare with an uninterrupted run.
+
+    The suite's one kill -9 of a run (SIGKILL: no handler, no clean-up, the process is gone);
+    the resume and the reference run in this process. The exact resume of each method with
+    client state is checked in-process from the checkpoint such a kill leaves
+    (tests/test_client_state_runs.py, test_client_state_resumes_exactly)."""
     short = ["--set", "run.max_steps=130", "-q"]
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "fedgmr", "run", "quickstart", "--out", str(out), *short],
@@ -478,18 +489,21 @@ def test_out_that_is_a_file_or_below_a_file_is_one_line_exit_3(tmp_path: Path):
     assert afile.read_text() == "x"
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
-                    reason="root ignores directory permissions")
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permission bits")
 def test_out_in_a_read_only_directory_is_one_line_exit_3(tmp_path: Path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    try:
-        proc = fedgmr("run", str(write_tiny(tmp_path / "t.yaml", max_steps=4)), "--out", str(ro / "r"),
-                      check=False)
-        assert proc.returncode == 3 and "Permission denied" in error_line(proc)
-    finally:
-        ro.chmod(0o755)
+    def body(where: Path) -> None:  # as root (CI): in a child that dropped to an ordinary user
+        ro = where / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        try:
+            proc = fedgmr("run", str(write_tiny(where / "t.yaml", max_steps=4)), "--out", str(ro / "r"),
+                          check=False)
+            assert proc.returncode == 3 and "Permission denied" in error_line(proc)
+            assert not (ro / "r").exists()
+        finally:
+            ro.chmod(0o755)
+
+    as_an_ordinary_user(body, tmp_path)
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
@@ -702,13 +716,14 @@ def test_the_executor_is_closed_and_the_lock_released_on_errors_and_ctrl_c(tmp_p
     assert _FailingExecutor.closed == 2 and json.loads((out / "summary.json").read_text())["steps"] == 30
 
 
+@pytest.mark.slow
 def test_ray_executor_close_kills_actors_and_stops_only_its_own_ray():
     ray = pytest.importorskip("ray")
     from fedgmr.experiment.build import build_experiment
     from fedgmr.sim.executors import RayExecutor
 
-    if ray.is_initialized():
-        pytest.skip("Ray is already running in this process")
+    if ray.is_initialized():  # the tests' shared instance (conftest.ray_session starts it again)
+        ray.shutdown()
     workload = build_experiment(tiny()).executor.workload
     ex = RayExecutor(workload, workers=1, init_options={"num_cpus": 1, "object_store_memory": 80 * 2**20})
     ex.close()

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from conftest import scaled, tiny_config
+from conftest import fedgmr_in_process, scaled, tiny_config
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.metrics import flatten_config
 from fedgmr.experiment.sweep import SweepSpec, expand, load_sweep, resolve_cells
@@ -32,8 +33,15 @@ def _sweep_file(tmp_path: Path, grid: dict, set_: dict | None = None, **extra) -
 
 
 def _fedgmr(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A sweep that runs cells: ``fedgmr`` in a process of its own (a sweep's process group,
+    signals and cell processes as a user has them)."""
     return subprocess.run([sys.executable, "-m", "fedgmr", *args], capture_output=True, text=True, env=ENV,
                           timeout=scaled(timeout))
+
+
+def _in_process(*args: str) -> Any:
+    """A command that runs no cell (a table, a dry run, a refusal): in this process."""
+    return fedgmr_in_process(*args)
 
 
 def _index(out: Path) -> dict:
@@ -112,11 +120,12 @@ def test_sweep_file_errors_name_the_key(tmp_path: Path):
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_sweep(path)
-    proc = _fedgmr("sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o"))
+    proc = _in_process("sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "missing.yaml" in proc.stderr
 
 
 # ---------------------------------------------------------------------- running
+@pytest.mark.slow
 def test_sweep_runs_every_cell_and_a_rerun_redoes_nothing(tmp_path: Path):
     sweep = _sweep_file(tmp_path, {"method": ["fedgmr", "fedavg"], "seed": [0, 1]})
     out = tmp_path / "out"
@@ -135,6 +144,7 @@ def test_sweep_runs_every_cell_and_a_rerun_redoes_nothing(tmp_path: Path):
     assert stamps == {c: (out / c / "summary.json").stat().st_mtime_ns for c in stamps}
 
 
+@pytest.mark.slow
 def test_a_table_groups_a_sweep_by_its_cases(tmp_path: Path):
     """`--rows case` reads each cell's case from sweep.json - also from an index written
     before cells recorded their point (the case is expanded again from the kept spec)."""
@@ -147,7 +157,7 @@ def test_a_table_groups_a_sweep_by_its_cases(tmp_path: Path):
                                                           for s in (0, 1)]
 
     def table() -> list[str]:
-        got = _fedgmr("table", str(out), "--t-star", "0", "--window", "1000", "--rows", "case", "--format", "csv")
+        got = _in_process("table", str(out), "--t-star", "0", "--window", "1000", "--rows", "case", "--format", "csv")
         assert got.returncode == 0, got.stderr
         return got.stdout.splitlines()
 
@@ -160,6 +170,7 @@ def test_a_table_groups_a_sweep_by_its_cases(tmp_path: Path):
     assert table() == lines
 
 
+@pytest.mark.slow
 def test_a_table_puts_one_case_axis_in_rows_and_another_in_columns(tmp_path: Path):
     cases = {"agg": [{"label": "ma", "set": {"aggregation.rule": "ma"}},
                      {"label": "fa", "set": {"aggregation.rule": "fa"}}],
@@ -169,8 +180,8 @@ def test_a_table_puts_one_case_axis_in_rows_and_another_in_columns(tmp_path: Pat
     out = tmp_path / "out"
     proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--jobs", "2", "--only", "coord=sync,async")
     assert proc.returncode == 0, proc.stderr
-    got = _fedgmr("table", str(out), "--t-star", "0", "--window", "1000", "--rows", "agg", "--cols", "coord",
-                  "--format", "csv")
+    got = _in_process("table", str(out), "--t-star", "0", "--window", "1000", "--rows", "agg", "--cols", "coord",
+                      "--format", "csv")
     assert got.returncode == 0, got.stderr
     rows = [line.split(",") for line in got.stdout.splitlines()]
     header = rows[0]
@@ -185,11 +196,12 @@ def test_a_table_puts_one_case_axis_in_rows_and_another_in_columns(tmp_path: Pat
         assert abs(float(row[header.index("mean")]) - sum(accs) / len(accs)) < 1e-12
 
 
+@pytest.mark.slow
 def test_only_runs_part_of_the_grid_and_a_full_pass_then_skips_it(tmp_path: Path):
     sweep = _sweep_file(tmp_path, {"method": ["fedgmr", "fedavg"], "seed": [0, 1]})
     out = tmp_path / "out"
-    dry = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", "seed=1", "--only", "method=fedavg",
-                  "--dry-run")
+    dry = _in_process("sweep", str(sweep), "--out", str(out), "--only", "seed=1", "--only", "method=fedavg",
+                      "--dry-run")
     assert dry.returncode == 0 and dry.stdout.splitlines()[0].split() == ["new", "method=fedavg,seed=1"]
     proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", "seed=1", "--only", "method=fedavg")
     assert proc.returncode == 0, proc.stderr
@@ -208,10 +220,11 @@ def test_only_runs_part_of_the_grid_and_a_full_pass_then_skips_it(tmp_path: Path
     assert "4/4 cells done (3 already finished, 0 resumed)" in full.stdout, full.stdout + full.stderr
     for bad, message in (("seed=7", "no cell has 7 (values: 0, 1)"), ("lr=0.1", "is not an axis"),
                          ("seed", "expects axis=value")):
-        proc = _fedgmr("sweep", str(sweep), "--out", str(out), "--only", bad)
+        proc = _in_process("sweep", str(sweep), "--out", str(out), "--only", bad)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path: Path):
     # the mnist loader on an empty directory fails at run time, after validation
     empty = tmp_path / "no-data"
@@ -256,6 +269,7 @@ def _sweep_caught_mid_cell(tmp_path: Path) -> tuple[Path, Path, subprocess.Popen
     return sweep, out, proc
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_terminated_sweep_stops_its_cells_records_them_pending_and_says_how_to_continue(tmp_path: Path):
     """`kill PID` (SIGTERM, as SLURM's scancel sends) ends a sweep as Ctrl-C does."""
@@ -272,6 +286,7 @@ def test_a_terminated_sweep_stops_its_cells_records_them_pending_and_says_how_to
     assert "3/3 cells done (1 already finished, 1 resumed)" in rerun.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_sweep_resumes_without_redoing_finished_cells(tmp_path: Path):
     sweep, out, proc = _sweep_caught_mid_cell(tmp_path)
@@ -292,6 +307,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_cells(tmp_path: Path):
     assert steps == sorted(set(steps)) and steps[-1] == 40  # one run's records, no duplicates
 
 
+@pytest.mark.slow
 def test_sweep_cells_as_ray_tasks(tmp_path: Path):
     pytest.importorskip("ray")
     sweep = _sweep_file(tmp_path, {"seed": [0, 1]})

@@ -62,6 +62,7 @@ def test_a_cell_another_sweep_is_running_is_left_to_it_not_failed(tmp_path: Path
     assert not (out / "logs" / "run.log").exists()  # no process was started to be refused
 
 
+@pytest.mark.slow
 def test_a_cell_another_sweep_finished_meanwhile_is_done_not_failed(tmp_path: Path):
     path = _sweep_file(tmp_path, {"seed": [0, 1]})
     spec, root = load_sweep(path)
@@ -154,6 +155,7 @@ def test_a_link_planted_as_a_cells_log_is_refused_and_its_target_kept(tmp_path: 
     assert victim.read_text() == "precious" and (out / "logs/seed=0.log").is_symlink()
 
 
+@pytest.mark.slow
 def test_a_link_planted_as_a_cells_config_is_replaced_not_written_through(tmp_path: Path):
     """A cell's config is written to a new file renamed into place: a planted link is
     replaced, its target never written."""
@@ -167,6 +169,7 @@ def test_a_link_planted_as_a_cells_config_is_replaced_not_written_through(tmp_pa
     assert not (out / "configs/run.yaml").is_symlink() and "method:" in (out / "configs/run.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_cell_configs_are_written_under_the_sweep_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Two sweeps into one directory write the same ``configs/.<cell>.yaml.tmp``: each
     write holds ``.sweep.lock``, else one sweep's rename finds the other's temporary gone

@@ -146,11 +146,17 @@ def _schema_defaults() -> dict[str, Any]:
     return flatten_config(ExperimentConfig().model_dump(mode="json"))
 
 
+#: ``yaml.safe_load``'s loader with libyaml's parser where PyYAML has it: the same
+#: constructors and resolvers (the same values), the scanning in C, seven times faster;
+#: a table reads the config of every run it tabulates (hundreds for the measured tables)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_run(path: Path, metric: str = "accuracy") -> RunData:
     """A run's config and its evaluation series of ``metric`` (the global test accuracy,
     or a personalised one); one-line errors for a damaged run."""
     try:
-        config = yaml.safe_load(read_run_text(path / "config.yaml"))
+        config = yaml.load(read_run_text(path / "config.yaml"), Loader=_SAFE_LOADER)
     except RunDirError:  # a FIFO, a device, a file above the bound: one line, never a hang
         raise
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:

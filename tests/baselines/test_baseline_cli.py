@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import tiny_config
+from conftest import fedgmr_in_process, tiny_config
 from fedgmr.methods import METHODS, resolve_config
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FEDGMR_PROGRESS": "0"}
 BASES = ["heterofl", "fedrolex", "fjord", "fiarse"]
 NAMES = [f"{b}{suffix}" for b in BASES for suffix in ("", "_aux", "_aux_gmr")]
 
@@ -41,8 +37,8 @@ def test_cli_runs_the_method(tmp_path: Path, method: str):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config(run={"max_steps": 8, "eval_every": 2})))
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "fedgmr", "run", str(cfg), "--out", str(out), "-q",
-                           "--set", f"method={method}"], capture_output=True, text=True, env=ENV, timeout=300)
+    # in-process (tests/test_cli.py and tests/test_packaging.py run the installed command itself)
+    proc = fedgmr_in_process("run", str(cfg), "--out", str(out), "-q", "--set", f"method={method}")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method"] == method and summary["steps"] == 8

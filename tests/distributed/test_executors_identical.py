@@ -70,10 +70,14 @@ def test_process_pool_with_spawn_matches_serial(serial_run):
 
 @pytest.fixture
 def ray_installed() -> None:
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
+    """Ray installed, and not running in this process: the executor joins the cluster named
+    by its address only when no instance runs here (it would use the one it finds)."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'fedgmr[ray]'")
+    if ray.is_initialized():  # the tests' shared instance (conftest.ray_session starts it again)
+        ray.shutdown()
 
 
-def test_ray_local_matches_serial_exactly(ray_installed, serial_run):
+def test_ray_local_matches_serial_exactly(ray_session, serial_run):
     _assert_same(serial_run, _run("ray"))
 
 

@@ -107,6 +107,7 @@ def test_find_transfers_splits_a_byte_counter_into_bursts():
 
 # -- shaped links -------------------------------------------------------------------------------
 @needs_netns
+@pytest.mark.slow
 def test_shaped_transfers_take_the_shaped_time_and_nothing_is_left():
     """A TCP transfer of a known size over each direction of two shaped links takes
     size / rate (3 s each) within 0.6-1.6x (the upper bound widened on a loaded machine);
