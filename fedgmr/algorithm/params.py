@@ -7,6 +7,8 @@ masked.
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -86,14 +88,14 @@ class ParamSpace:
 
     def flatten(self, model: nn.Module) -> torch.Tensor:
         """Copy the model's trainable parameters into a new flat float32 vector."""
-        named = dict(model.named_parameters())
+        named = model_refs(model).params
         return torch.cat([named[p.name].detach().reshape(-1).float() for p in self.params])
 
     def load(self, model: nn.Module, flat: torch.Tensor) -> None:
         """Write a flat vector into the model's parameters (in place)."""
         if flat.numel() != self.numel:
             raise ValueError(f"flat vector has {flat.numel()} values, model has {self.numel}")
-        named = dict(model.named_parameters())
+        named = model_refs(model).params
         with torch.no_grad():
             for p in self.params:
                 named[p.name].copy_(flat[p.slice].view(p.shape))
@@ -109,14 +111,73 @@ class ParamSpace:
         return float((mask & ~self.always_kept.to(mask.device)).sum()) / self.num_prunable
 
 
+class ModelRefs:
+    """A model's parameters, buffers and modules by name (as ``named_parameters``,
+    ``named_buffers`` and ``named_modules`` list them), looked up once per model instead of
+    walking the module tree at every use: a client job used to walk it a dozen times
+    (setting the weights, the buffers, ``train()``, the device, the flat copy), a large
+    share of a small model's job. Get it with :func:`model_refs`, which checks it first."""
+
+    __slots__ = ("params", "buffers", "modules", "plain_train", "_entries", "_sizes", "__weakref__")
+
+    def __init__(self, model: nn.Module) -> None:
+        named = list(model.named_modules())
+        self.modules: tuple[nn.Module, ...] = tuple(m for _, m in named)
+        self.params: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}
+        entries = []  # (table, key, value) that must still hold: every tensor and submodule
+        for table, attr in ((self.params, "_parameters"), (self.buffers, "_buffers")):
+            seen: set[torch.Tensor] = set()
+            for prefix, module in named:  # the order and de-duplication of Module._named_members
+                for k, v in getattr(module, attr).items():
+                    if v is None or v in seen:
+                        continue
+                    seen.add(v)
+                    table[prefix + ("." if prefix else "") + k] = v
+                    entries.append((getattr(module, attr), k, v))
+        entries += [(m._modules, k, sub) for m in self.modules for k, sub in m._modules.items()]
+        self._entries = tuple(entries)
+        # (table, size): nothing registered or removed since
+        self._sizes = tuple((t, len(t)) for m in self.modules for t in (m._parameters, m._buffers, m._modules))
+        #: no module overrides ``train``: a model whose modules all train already needs no call
+        self.plain_train = all(type(m).train is nn.Module.train for m in self.modules)
+
+    def current(self) -> bool:
+        """Whether the model still holds exactly these modules, parameters and buffers
+        (none added, removed or replaced since the lookup)."""
+        for table, k, v in self._entries:
+            if table.get(k) is not v:
+                return False
+        for table, size in self._sizes:
+            if len(table) != size:
+                return False
+        return True
+
+    def train(self, model: nn.Module) -> None:
+        """``model.train()``, skipped when every module is in training mode already."""
+        if not self.plain_train or not all(m.training for m in self.modules):
+            model.train()
+
+
+_REFS: "weakref.WeakKeyDictionary[nn.Module, ModelRefs]" = weakref.WeakKeyDictionary()
+
+
+def model_refs(model: nn.Module) -> ModelRefs:
+    """The :class:`ModelRefs` of ``model``, looked up again when the model changed since."""
+    refs = _REFS.get(model)
+    if refs is None or not refs.current():
+        refs = _REFS[model] = ModelRefs(model)
+    return refs
+
+
 def get_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """Detached copies of all buffers (BatchNorm statistics etc.)."""
-    return {n: b.detach().clone() for n, b in model.named_buffers()}
+    return {n: b.detach().clone() for n, b in model_refs(model).buffers.items()}
 
 
 def set_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
     """Load buffers into a model in place."""
-    named = dict(model.named_buffers())
+    named = model_refs(model).buffers
     with torch.no_grad():
         for n, b in buffers.items():
             named[n].copy_(b)
@@ -130,4 +191,4 @@ def all_finite(t: torch.Tensor) -> bool:
     if not t.is_floating_point() or t.numel() == 0:
         return True
     lo, hi = torch.aminmax(t.detach())
-    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+    return math.isfinite(lo.item()) and math.isfinite(hi.item())  # the two ends as Python floats

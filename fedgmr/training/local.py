@@ -18,8 +18,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.local_rules import proximal_gradient
 from fedgmr.algorithm.maskinfo import memo
-from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
-from fedgmr.device import module_device
+from fedgmr.algorithm.params import ParamSpace, model_refs
 from fedgmr.training.evaluate import evaluate
 from fedgmr.algorithm.losses import task_loss
 
@@ -139,8 +138,9 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     """
     if len(y) == 0:
         raise ValueError("cannot train on an empty client data set")
+    refs = model_refs(model)  # the model's parameters, buffers and modules, looked up once per model
     plan = dict(_grad_mask_plan(space, mask))
-    params = dict(model.named_parameters())
+    params = refs.params
     with torch.no_grad():  # W * m, written straight into the parameters (one pass)
         for info in space.params:
             src = start[info.slice].view(info.shape)
@@ -149,7 +149,9 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
                 params[info.name].copy_(src)
             else:
                 torch.mul(src, m, out=params[info.name].data)
-    set_buffers(model, buffers)
+        named_buffers = refs.buffers
+        for n, b in buffers.items():  # set_buffers
+            named_buffers[n].copy_(b)
     grad_masks = [(params[name], m) for name, m in plan.items()]
     plan_by_param = {id(p): m for p, m in grad_masks}
     extra = _term_plan(space, params, plan, start, terms)
@@ -164,16 +166,26 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
             group.update(lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(int(seed))  # on the CPU: the same batches on every device
     batches = BatchOrder(len(y), settings.batch_size, gen)
-    model.train()
-    device = module_device(model)
+    refs.train(model)  # model.train(), unless every module trains already
+    device = _device(refs)
     total_loss = torch.zeros((), device=device)
+    plain = not settings.momentum and not settings.weight_decay \
+        and settings.clip_grad_norm is None  # clipping needs the masked gradient's norm first
     # plain SGD with masks: the mask is applied in the step, one pass per parameter
     # (p - lr * g * m), instead of masking the gradient first and stepping after
-    fused = bool(grad_masks) and not settings.momentum and not settings.weight_decay \
-        and settings.clip_grad_norm is None  # clipping needs the masked gradient's norm first
+    fused = plain and bool(grad_masks)
+    # plain SGD without masks on the CPU: the very update torch.optim.SGD makes there
+    # (p.add_(g, alpha=-lr), one tensor at a time), without its per-step bookkeeping
+    bare = plain and not grad_masks and device.type == "cpu" and _plain_sgd(opt)
+    opt_params = [p for group in opt.param_groups for p in group["params"]]
+    own_zero_grad = type(opt).zero_grad is torch.optim.Optimizer.zero_grad
     for _ in range(num_steps):
         idx = batches.next()
-        opt.zero_grad(set_to_none=True)
+        if own_zero_grad:  # opt.zero_grad(set_to_none=True)
+            for p in opt_params:
+                p.grad = None
+        else:
+            opt.zero_grad(set_to_none=True)
         loss = task_loss(model(x[idx].to(device)), y[idx].to(device), settings.task, settings.loss,
                          settings.pad_index)
         loss.backward()
@@ -191,7 +203,7 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
                 g = g + corr if m is None else (g + corr) * m
             p.grad = g
         clip_gradients(model, settings.clip_grad_norm)
-        if fused:
+        if fused or bare:
             _masked_sgd_step(opt, plan_by_param, settings.lr)
         else:
             opt.step()
@@ -202,8 +214,30 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     val_score = None
     if val is not None and len(val[1]) > 0:
         val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
-    return TrainOutcome(flat, get_buffers(model), float(total_loss) / max(num_steps, 1),
+    trained_buffers = {n: b.detach().clone() for n, b in refs.buffers.items()}  # get_buffers
+    return TrainOutcome(flat, trained_buffers, float(total_loss) / max(num_steps, 1),
                         len(y), val_score, num_steps * batches.bs, num_steps)
+
+
+def _device(refs: Any) -> torch.device:
+    """The device of the model's first parameter (or buffer); the CPU for an empty model
+    (:func:`fedgmr.device.module_device`)."""
+    for t in refs.params.values():
+        return t.device
+    for t in refs.buffers.values():
+        return t.device
+    return torch.device("cpu")
+
+
+def _plain_sgd(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` is a ``torch.optim.SGD`` whose step on the CPU is
+    ``p.add_(g, alpha=-lr)`` for each parameter with a gradient (no momentum, no weight
+    decay, not maximising, no foreach or fused kernel, a float learning rate)."""
+    if type(opt) is not torch.optim.SGD:
+        return False
+    return all(not g["momentum"] and not g["weight_decay"] and not g.get("maximize") and not g.get("foreach")
+               and not g.get("fused") and not g.get("differentiable") and isinstance(g["lr"], float)
+               for g in opt.param_groups)
 
 
 def clip_gradients(model: nn.Module, max_norm: float | None) -> None:
