@@ -95,9 +95,7 @@ class FedNovaStrategy(MaskedBufferedStrategy):
         try:
             tau = self._check_tau(tau)
         except InvalidUpdateError as exc:
-            self.rejected += 1
-            log.warning("rejected update from client %s: %s", reply.client_id, exc)
-            return False
+            return self.reject(reply.client_id, str(exc))
         accepted = super().receive(reply)
         if accepted:
             self._taus[reply.client_id] = tau

@@ -213,10 +213,8 @@ class IfcaStrategy(ClusteredStrategy):
             k = len(self.models)
             if not isinstance(losses, torch.Tensor) or losses.shape != (k,) or not losses.is_floating_point() \
                     or bool(torch.isnan(losses).all()):
-                self.rejected += 1
-                log.warning("rejected update from client %s: an IFCA reply needs model_losses, one loss per "
-                            "cluster model (%d)", reply.client_id, k)
-                return False
+                return self.reject(reply.client_id, f"an IFCA reply needs model_losses, one loss per cluster model "
+                                                    f"({k})")
         accepted = super().receive(reply)
         if accepted:
             assert losses is not None

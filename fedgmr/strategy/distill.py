@@ -228,10 +228,7 @@ class FedMDStrategy(MaskedBufferedStrategy):
         if isinstance(reply.client_id, int) and reply.client_id in self._outstanding:
             if not isinstance(z, torch.Tensor) or z.ndim != 1 or z.numel() != self.num_values \
                     or not z.is_floating_point() or not all_finite(z):
-                self.rejected += 1
-                log.warning("rejected update from client %s: a FedMD reply needs %d finite logits",
-                            reply.client_id, self.num_values)
-                return False
+                return self.reject(reply.client_id, f"a FedMD reply needs {self.num_values} finite logits")
         accepted = super().receive(reply)
         if accepted:
             self._logits[reply.client_id] = z.detach().to(self.device, torch.float32)

@@ -229,6 +229,15 @@ class MaskedBufferedStrategy:
         return self.ladder.densities()
 
     # ------------------------------------------------------------------ replies
+    def reject(self, client_id: Any, reason: str) -> bool:
+        """Count and log one rejected reply (``rejected update from client 3: <reason>``);
+        returns False, what :meth:`receive` returns for it. Every strategy's own checks of a
+        reply's extras reject through here; the line goes to the logger of the strategy's own
+        module (what a runtime collects from it)."""
+        self.rejected += 1
+        logging.getLogger(type(self).__module__).warning("rejected update from client %s: %s", client_id, reason)
+        return False
+
     def receive(self, reply: Reply) -> bool:
         """Validate and store a reply. Invalid replies are logged and rejected; they
         never touch the global model. Returns True when accepted.
@@ -238,9 +247,7 @@ class MaskedBufferedStrategy:
         try:
             entry = self._validate(reply)
         except InvalidUpdateError as exc:
-            self.rejected += 1
-            log.warning("rejected update from client %s: %s", reply.client_id, exc)
-            return False
+            return self.reject(reply.client_id, str(exc))
         del self._outstanding[reply.client_id]
         self._sent.pop(reply.client_id, None)
         (self._buffer if self.use_buffer else self._pending)[entry.client_id] = entry

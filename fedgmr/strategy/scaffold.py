@@ -58,9 +58,7 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
             try:
                 dc = self._check_dc(dc, mask)
             except InvalidUpdateError as exc:
-                self.rejected += 1
-                log.warning("rejected update from client %s: %s", reply.client_id, exc)
-                return False
+                return self.reject(reply.client_id, str(exc))
         accepted = super().receive(reply)
         if accepted:
             entry_mask = (self._buffer if self.use_buffer else self._pending)[reply.client_id].mask
