@@ -229,6 +229,12 @@ class MaskedBufferedStrategy:
         return self.ladder.densities()
 
     # ------------------------------------------------------------------ replies
+    @property
+    def _incoming(self) -> dict[int, "_Entry"]:
+        """Where an accepted reply waits for the next step: the buffer (kept across steps)
+        or, without one, the arrivals of this step only."""
+        return self._buffer if self.use_buffer else self._pending
+
     def reject(self, client_id: Any, reason: str) -> bool:
         """Count and log one rejected reply (``rejected update from client 3: <reason>``);
         returns False, what :meth:`receive` returns for it. Every strategy's own checks of a
@@ -250,7 +256,7 @@ class MaskedBufferedStrategy:
             return self.reject(reply.client_id, str(exc))
         del self._outstanding[reply.client_id]
         self._sent.pop(reply.client_id, None)
-        (self._buffer if self.use_buffer else self._pending)[entry.client_id] = entry
+        self._incoming[entry.client_id] = entry
         if entry.client_id not in self._arrivals:
             self._arrivals.append(entry.client_id)
         return True
@@ -403,7 +409,7 @@ class MaskedBufferedStrategy:
 
         A sequential rule (FedAsync) mixes one arrival per step, with its own staleness;
         later arrivals wait for the next steps."""
-        source = self._buffer if self.use_buffer else self._pending
+        source = self._incoming
         if self.use_buffer:
             entries = list(source.values())
         else:

@@ -61,7 +61,7 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
                 return self.reject(reply.client_id, str(exc))
         accepted = super().receive(reply)
         if accepted:
-            entry_mask = (self._buffer if self.use_buffer else self._pending)[reply.client_id].mask
+            entry_mask = self._incoming[reply.client_id].mask
             self._pending_dc[reply.client_id] = (entry_mask, dc)
         return accepted
 
@@ -113,7 +113,7 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
         self.c = tensors["scaffold/c"].to(self.device).clone()
         self._pending_dc = {}
         for cid in state.get("scaffold", {}).get("pending", []):
-            entry = (self._buffer if self.use_buffer else self._pending).get(int(cid))
+            entry = self._incoming.get(int(cid))
             mask = entry.mask if entry is not None else tensors[f"scaffold/dc/{cid}/mask"].to(self.device)
             self._pending_dc[int(cid)] = (mask, tensors[f"scaffold/dc/{cid}/values"].to(self.device).clone())
 
