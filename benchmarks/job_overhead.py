@@ -32,7 +32,6 @@ import torch
 from fedgmr.experiment.build import build_experiment, model_factory
 from fedgmr.methods import resolve_config
 from fedgmr.presets import load_preset
-from fedgmr.training.losses import task_loss
 
 cpu = time.process_time
 
@@ -95,27 +94,12 @@ def run_simulator(raw: dict[str, Any]) -> dict[str, Any]:
 def bare_steps(exp: Any, steps: int) -> float:
     """CPU seconds of ``steps`` plain SGD steps (batch of the config, one client's shard)
     on a fresh model of the run's architecture."""
+    from sim_overhead import bare_sgd  # the one bare loop of the benchmarks (this script's folder is on sys.path)
+
     cfg = exp.config
     model = model_factory(cfg, exp.data)()
     x, y = exp.simulator.executor.workload.client_data[0]
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.training.lr)
-    gen = torch.Generator().manual_seed(0)
-    bs = min(cfg.training.batch_size, len(y))
-    model.train()
-    task_loss(model(x[:bs]), y[:bs], "classification").backward()  # warm-up
-    opt.step()
-    c0 = cpu()
-    perm, pos = torch.randperm(len(y), generator=gen), 0
-    for _ in range(steps):
-        if pos + bs > len(y):
-            perm, pos = torch.randperm(len(y), generator=gen), 0
-        idx = perm[pos:pos + bs]
-        pos += bs
-        opt.zero_grad()
-        loss = task_loss(model(x[idx]), y[idx], "classification")
-        loss.backward()
-        opt.step()
-    return cpu() - c0
+    return bare_sgd(model, x, y, cfg.training.lr, cfg.training.batch_size, steps)[0]
 
 
 def bare_aggregation(exp: Any, repeats: int = 5) -> tuple[float, int]:

@@ -77,15 +77,23 @@ def time_bare(raw: dict, total_steps: int) -> tuple[float, float]:
     exp = build_experiment(cfg)
     x, y = exp.simulator.executor.workload.client_data[0]
     model = exp.simulator.executor.workload.model
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.training.lr)
+    return bare_sgd(model, x, y, cfg.training.lr, cfg.training.batch_size, total_steps)
+
+
+def bare_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, batch_size: int,
+             steps: int) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of ``steps`` plain SGD steps on ``model`` over shuffled
+    batches of ``(x, y)``, after one untimed warm-up step: the bare loop every overhead
+    benchmark compares against (also benchmarks/job_overhead.py)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(0)
-    bs = cfg.training.batch_size
+    bs = min(batch_size, len(y))
+    model.train()
     task_loss(model(x[:bs]), y[:bs], "classification").backward()  # warm-up
     opt.step()
     c0, t0 = time.process_time(), time.perf_counter()
     perm, pos = torch.randperm(len(y), generator=gen), 0
-    model.train()
-    for _ in range(total_steps):
+    for _ in range(steps):
         if pos + bs > len(y):
             perm, pos = torch.randperm(len(y), generator=gen), 0
         idx = perm[pos:pos + bs]

@@ -335,3 +335,15 @@ def as_an_ordinary_user(body: Callable[[Path], None], tmp_path: Path, timeout: i
         raise AssertionError(f"the child without root's file powers was killed by signal {os.WTERMSIG(status)}"
                              f" (a hang?)\n{report}")
     assert os.WEXITSTATUS(status) == 0, f"without root's power over permission bits:\n{report}"
+
+
+def fifo(path: Path) -> None:
+    """Make ``path`` a FIFO (a file whose read blocks forever: what a safe reader must refuse)."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def dev_zero(path: Path) -> None:
+    """Make ``path`` a link to ``/dev/zero`` (an endless read: what a safe reader must refuse)."""
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/zero")

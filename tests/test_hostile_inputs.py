@@ -20,7 +20,6 @@ sweeps), tests/distributed/test_flower_loop_faults (10).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,25 +27,12 @@ from typing import Any, Callable, Iterator
 import pytest
 import yaml
 
-from conftest import no_hang, run_cli, tiny_config
+from conftest import dev_zero as _dev_zero, fifo as _fifo, no_hang, run_cli, tiny_config
 from fedgmr import config as config_mod
 from fedgmr.config import read_config_file
 from fedgmr.errors import ConfigError, FedGMRError, RunDirError
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
-
-
-
-
-def _fifo(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    os.mkfifo(path)
-
-
-def _dev_zero(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    path.symlink_to("/dev/zero")
-
 
 SPECIAL = [pytest.param(_fifo, "a FIFO (named pipe)", id="fifo"), pytest.param(_dev_zero, "a device", id="dev-zero")]
 

@@ -23,13 +23,13 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import no_hang, tiny_config
+from conftest import dev_zero as _dev_zero, fifo as _fifo, no_hang, tiny_config
 from fedgmr.errors import RunDirError
 from fedgmr.experiment import rundir
 from fedgmr.experiment.loggers import LOGGERS, RunLogger
@@ -330,16 +330,6 @@ def test_the_serverapp_claims_its_files_and_keeps_the_users(tmp_path: Path):
 
 
 # ---------------------------------------------------------------------------- item 6: the safe reader
-def _fifo(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    os.mkfifo(path)
-
-
-def _dev_zero(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    path.symlink_to("/dev/zero")
-
-
 @pytest.mark.parametrize("plant, what", [(_fifo, "FIFO"), (_dev_zero, "device")])
 def test_special_files_in_a_run_directory_are_one_line_for_table_compare_plot(reference: Path, tmp_path: Path,
                                                                               plant: Any, what: str):

@@ -114,18 +114,10 @@ class FedDynStrategy(MaskedBufferedStrategy):
         self.h = torch.zeros_like(self.params)
         self._h_next: torch.Tensor | None = None  # h after the aggregation in progress
 
-    def _model(self, e: _Entry) -> torch.Tensor:
-        """Client ``e``'s trained model as a full vector (the model it received off its mask)."""
-        if e.values.numel() == self.params.numel():
-            return e.values
-        out = self.params.clone()
-        out[e.mask] = e.values
-        return out
-
     def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
               used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         params, buffers = super()._fuse(params, buffers, used)
-        self._h_next = feddyn_server_state(self.h, self.params, [self._model(e) for e in used], self.alpha,
+        self._h_next = feddyn_server_state(self.h, self.params, [self.full_values(e) for e in used], self.alpha,
                                            self.num_clients)
         return feddyn_server_model(params, self._h_next, self.alpha), buffers
 

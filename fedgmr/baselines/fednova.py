@@ -109,17 +109,10 @@ class FedNovaStrategy(MaskedBufferedStrategy):
             raise InvalidUpdateError(f"tau must be a whole number of local steps in [1, {self.max_tau}], got {value}")
         return value
 
-    def _model(self, e: _Entry) -> torch.Tensor:
-        if e.values.numel() == self.params.numel():
-            return e.values
-        out = self.params.clone()
-        out[e.mask] = e.values
-        return out
-
     def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
               used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         params, buffers = super()._fuse(params, buffers, used)
-        new = fednova_server_model(self.params, [self._model(e) for e in used],
+        new = fednova_server_model(self.params, [self.full_values(e) for e in used],
                                    [self._taus[e.client_id] for e in used], [float(e.num_samples) for e in used])
         return new, buffers
 

@@ -152,8 +152,9 @@ class GridLink:
                 continue
             self._started[i] = now
             self._pulls[i] = self._pool.submit(self.pull_now, [i])
-        for i in got:
-            self._started.pop(i, None)
+        # forget the instructions no longer awaited (answered, expired) unless a pull of theirs still runs
+        wanted = set(ids) - got
+        self._started = {i: t for i, t in self._started.items() if i in wanted or i in self._pulls}
         return out
 
     def pull_now(self, instruction_ids: Sequence[str]) -> list[Arrived]:

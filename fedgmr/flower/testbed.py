@@ -902,6 +902,12 @@ def plot_comparison(deployed: Path, simulated: Path | Sequence[Path], path: Path
     return path
 
 
+def _reading(at: dict[str, Any]) -> str:
+    """A prediction at the comparison time: its steps, accuracy and uploads per client."""
+    return (f"steps {at['step']}, accuracy {(at['accuracy'] or 0) * 100:.2f}%, uploads per client "
+            f"{at['client_uploads']}")
+
+
 def format_result(result: dict[str, Any]) -> str:
     """The comparison as a few lines of text (what ``fedgmr flower testbed`` prints)."""
     lines = []
@@ -933,13 +939,11 @@ def format_result(result: dict[str, Any]) -> str:
     if s2:
         q = result["clientapp_seconds"]
         lines.append(f"simulated with the measured ClientApp time ({q['median']:.2f} s per message, median of "
-                     f"{q['n']}): steps {s2['step']}, accuracy {(s2['accuracy'] or 0) * 100:.2f}%, uploads per "
-                     f"client {s2['client_uploads']}")
+                     f"{q['n']}): {_reading(s2)}")
     s3 = result.get("at_time_overhead")
     if s3:
         lines.append(f"simulated with the ClientApp time and {result['message_bytes']:,.0f} bytes per message "
-                     f"(network.message_bytes, measured): steps {s3['step']}, accuracy "
-                     f"{(s3['accuracy'] or 0) * 100:.2f}%, uploads per client {s3['client_uploads']}")
+                     f"(network.message_bytes, measured): {_reading(s3)}")
         ratios3 = result.get("transfer_ratios_overhead") or {}
         if ratios3:
             lines.append("  measured/predicted with those bytes, median per tier/direction: " + ", ".join(

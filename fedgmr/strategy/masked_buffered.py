@@ -229,6 +229,15 @@ class MaskedBufferedStrategy:
         return self.ladder.densities()
 
     # ------------------------------------------------------------------ replies
+    def full_values(self, e: "_Entry") -> torch.Tensor:
+        """Client ``e``'s trained model as a full vector: its values on its mask, the
+        global model it was sent elsewhere."""
+        if e.values.numel() == self.params.numel():
+            return e.values
+        out = self.params.clone()
+        out[e.mask] = e.values
+        return out
+
     @property
     def _incoming(self) -> dict[int, "_Entry"]:
         """Where an accepted reply waits for the next step: the buffer (kept across steps)

@@ -63,6 +63,7 @@ def test_a_slow_upload_does_not_hold_back_the_other_replies():
         uploads.released["m0"].set()
         assert _poll(link, ["m0"], {"m0"}, clock) == {"m0"}
         assert uploads.calls == {"m0": 1, "m1": 1, "m2": 1}  # one pull each: none repeated while it ran
+        assert link._started == {}  # answered instructions are forgotten
     finally:
         link.close()
 
