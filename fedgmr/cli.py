@@ -886,23 +886,34 @@ def evaluate(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories (searched for run directories)"),
     levels: bool = typer.Option(True, "--levels/--no-levels", help="also evaluate under each ladder level's mask"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per run instead of the table"),
+    save: bool = typer.Option(False, "--save", help="also keep each result in its run directory "
+                              "(evaluation.json), so the table re-prints without the checkpoint (--saved)"),
+    saved: bool = typer.Option(False, "--saved", help="print what --save kept (evaluation.json): no checkpoint, "
+                               "data or model needed"),
     imports: list[str] = _import_option("first (the runs' own models, data sets or methods)"),
 ) -> None:
     """Evaluate each run's saved global model on the test split, in full and per ladder level.
 
     Under each ladder level's mask, from the run's latest checkpoint (a finished run's \
 holds its final model). Rebuilds the run, data included, from its config.yaml: a run of \
-your own model, data set or method needs the same --import as the run had."""
+your own model, data set or method needs the same --import as the run had. --save keeps \
+each result in its run directory; --saved prints those results again from a clone that \
+holds no checkpoint."""
     import pandas as pd
 
-    from fedgmr.experiment.evaluate_run import evaluate_run, level_labels
+    from fedgmr.experiment.evaluate_run import evaluate_run, level_labels, load_evaluation
     from fedgmr.experiment.table import find_runs
 
+    if save and saved:
+        _fail("--save evaluates the checkpoints and --saved reads what an earlier --save kept: give one")
+        return
     _import_user_code(imports)
     rows = []
     try:
         for path in find_runs(dirs):
-            result = evaluate_run(path, levels)
+            result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
+            if saved and not levels:
+                result.levels, result.level_accuracy = [], []
             if as_json:
                 typer.echo(result.to_json())
                 continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,11 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
 
         for d in _positional(args[1:]):
             run_experiment(resolve_config(tiny_config(run={"max_steps": 6, "eval_every": 3})), tmp_path / d)
+        if "--saved" in args:  # what an earlier `--save` kept, then the checkpoint gone
+            saving = run_cli([a if a != "--saved" else "--save" for a in args], tmp_path)
+            assert saving.returncode == 0, f"{where}\n{saving.stderr}"
+            for d in _positional(args[1:]):
+                shutil.rmtree(tmp_path / d / "checkpoint")
         proc = run_cli(args, tmp_path)
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout and "@0.5" in proc.stdout, proc.stdout

@@ -98,3 +98,49 @@ def test_level_columns_are_labelled_to_three_significant_figures_unless_that_mer
     assert level_labels([0.0073, 0.0287, 1.0]) == ["@0.0073", "@0.0287", "@1"]
     # two levels of one run that 3 digits would merge keep more
     assert level_labels([0.05001, 0.05004, 1.0]) == ["@0.05001", "@0.05004", "@1"]
+
+
+def test_a_saved_evaluation_reprints_the_same_table_without_the_checkpoint(tmp_path: Path):
+    """`--save` keeps each run's result in its directory; once the checkpoint is gone (as in
+    measured/, which keeps none), `--saved` prints the very table the live evaluation did."""
+    import shutil
+
+    out = _run(tmp_path, "kept", checkpoint_every=5)
+    live = fedgmr("evaluate", str(tmp_path), "--save")
+    assert live.returncode == 0, live.stderr
+    saved = json.loads((out / "evaluation.json").read_text())
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert saved["run"] == "kept" and saved["step"] == 12 and saved["final"] is True
+    assert saved["level_accuracy"] == last["level_accuracy"] and saved["accuracy"] == last["accuracy"]
+    assert saved["environment"]["torch"] and len(saved["config_sha256"]) == 64
+    live_json = json.loads(fedgmr("evaluate", str(out), "--json").stdout)
+
+    shutil.rmtree(out / "checkpoint")
+    assert fedgmr("evaluate", str(out)).returncode != 0  # nothing left to evaluate live
+    again = fedgmr("evaluate", str(tmp_path), "--saved")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == live.stdout
+    assert json.loads(fedgmr("evaluate", str(out), "--saved", "--json").stdout) == live_json
+    no_levels = json.loads(fedgmr("evaluate", str(out), "--saved", "--json", "--no-levels").stdout)
+    assert no_levels["levels"] == [] and no_levels["accuracy"] == live_json["accuracy"]
+
+
+def test_saved_evaluations_that_are_missing_damaged_or_stale_are_refused_in_one_line(tmp_path: Path):
+    out = _run(tmp_path, "r", checkpoint_every=5)
+    proc = fedgmr("evaluate", str(out), "--saved")
+    assert proc.returncode != 0 and "has no saved evaluation" in proc.stderr and "--save" in proc.stderr
+    both = fedgmr("evaluate", str(out), "--save", "--saved")
+    assert both.returncode != 0 and "give one" in both.stderr and not (out / "evaluation.json").exists()
+
+    assert fedgmr("evaluate", str(out), "--save").returncode == 0
+    good = (out / "evaluation.json").read_text()
+    for damaged in ("{not json", json.dumps({"format": 99}), json.dumps({**json.loads(good), "levels": [0.5]})):
+        (out / "evaluation.json").write_text(damaged)
+        proc = fedgmr("evaluate", str(out), "--saved")
+        assert proc.returncode != 0 and "is damaged" in proc.stderr and "Traceback" not in proc.stderr
+    (out / "evaluation.json").write_text(good)
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    cfg["seed"] = 12345  # another experiment than the one evaluated
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = fedgmr("evaluate", str(out), "--saved")
+    assert proc.returncode != 0 and "was changed after evaluation.json was saved" in proc.stderr

@@ -9,6 +9,12 @@ sub-model already as good as the full model?" without rerunning anything.
 A finished run checkpoints its final model: the one its last records measured. When the
 run ended at ``run.max_time`` while the server was still aggregating, the checkpoint keeps
 that model (``sim/published/*``) beside the unfinished step's, and it is the one evaluated.
+
+``fedgmr evaluate RUN --save`` also writes the result into the run directory
+(``evaluation.json``: a few hundred bytes, with the checkpoint's step and config hash and
+the numeric stack that computed it), so that a run kept without its checkpoint (``measured/``
+keeps none) still answers the question: ``fedgmr evaluate RUN --saved`` prints the same
+table from the saved files alone, with no checkpoint, data or model needed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.checkpoint import checkpoint_path, load_checkpoint, tensors_under
 from fedgmr.experiment.diagnostics import masked_level_accuracy
 from fedgmr.experiment.rundir import CONFIG_FILE, SUMMARY_FILE, config_digest, read_run_text
+
+#: the file ``fedgmr evaluate --save`` writes into a run directory
+EVALUATION_FILE = "evaluation.json"
+#: the version of its layout
+EVALUATION_FORMAT = 1
 
 
 @dataclass
@@ -45,6 +56,58 @@ class RunEvaluation:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+
+def save_evaluation(result: RunEvaluation, run_dir: str | Path, config_sha256: str,
+                    environment: dict[str, Any] | None = None) -> Path:
+    """Write ``result`` into ``run_dir`` as :data:`EVALUATION_FILE` (atomically: a
+    temporary beside it, then a rename); returns its path. ``run`` is stored as the
+    directory's name, so the file does not depend on where the run was evaluated."""
+    out = Path(run_dir)
+    body = {"format": EVALUATION_FORMAT, **asdict(result), "run": out.name, "config_sha256": config_sha256,
+            "environment": environment or {}}
+    path = out / EVALUATION_FILE
+    tmp = out / f".{EVALUATION_FILE}.tmp"
+    tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_evaluation(run_dir: str | Path) -> RunEvaluation:
+    """The evaluation ``fedgmr evaluate --save`` kept in ``run_dir``.
+
+    Raises a one-line ``RunDirError`` when there is none, when it is damaged, or when the
+    run's ``config.yaml`` is no longer the config it was computed for."""
+    out = Path(run_dir)
+    path = out / EVALUATION_FILE
+    if not os.path.lexists(path):
+        raise RunDirError(f"{out} has no saved evaluation ({EVALUATION_FILE}): run `fedgmr evaluate {out} --save` "
+                          f"where its checkpoint is")
+    try:
+        body = json.loads(read_run_text(path))
+        if not isinstance(body, dict) or body.get("format") != EVALUATION_FORMAT:
+            raise ValueError("format")
+        fields = {k: body[k] for k in ("step", "time", "final", "accuracy", "loss", "levels", "level_accuracy")}
+        result = RunEvaluation(run=str(out), step=int(fields["step"]), time=float(fields["time"]),
+                               final=bool(fields["final"]), accuracy=float(fields["accuracy"]),
+                               loss=float(fields["loss"]), levels=[float(d) for d in fields["levels"]],
+                               level_accuracy=[float(a) for a in fields["level_accuracy"]])
+        if len(result.levels) != len(result.level_accuracy):
+            raise ValueError("levels")
+    except RunDirError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise RunDirError(f"{path} is damaged (not an evaluation saved by fedgmr evaluate --save): restore it, or "
+                          f"evaluate the run again with --save") from None
+    if (out / CONFIG_FILE).is_file():
+        try:
+            raw = read_config_file(out / CONFIG_FILE)
+        except ConfigError as exc:
+            raise RunDirError(f"{out} cannot be read: {exc}") from None
+        if config_digest(raw) != body.get("config_sha256"):
+            raise RunDirError(f"{out / CONFIG_FILE} was changed after {EVALUATION_FILE} was saved (its hash does "
+                              f"not match): the saved evaluation is of another experiment; restore the config")
+    return result
 
 
 def level_labels(densities: Sequence[float]) -> list[str]:
@@ -81,8 +144,9 @@ def _summary_steps(path: Path) -> int | None:
     return steps
 
 
-def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
-    """Evaluate the global model of ``run_dir``'s checkpoint (see the module docstring).
+def evaluate_run(run_dir: str | Path, levels: bool = True, save: bool = False) -> RunEvaluation:
+    """Evaluate the global model of ``run_dir``'s checkpoint (see the module docstring);
+    with ``save``, also keep the result in the run directory (:func:`save_evaluation`).
 
     Raises ``RunDirError`` for a directory without a config or a checkpoint."""
     from fedgmr.methods import resolve_config
@@ -134,10 +198,15 @@ def evaluate_run(run_dir: str | Path, levels: bool = True) -> RunEvaluation:
                                           lambda p, b: evaluate(p, b, "test")[0])
         sim = state.get("simulator", {})
         final = _summary_steps(out / SUMMARY_FILE) == step
-        return RunEvaluation(str(out), step, float(sim.get("now", 0.0)), final, float(acc), float(loss),
-                             [float(d) for d in ladder], [float(a) for a in per_level])
+        result = RunEvaluation(str(out), step, float(sim.get("now", 0.0)), final, float(acc), float(loss),
+                               [float(d) for d in ladder], [float(a) for a in per_level])
+        if save:
+            from fedgmr.experiment.environment import environment
+
+            save_evaluation(result, out, str(state.get("config_sha256")), environment(cfg.run.device))
+        return result
     finally:
         exp.executor.close()
 
 
-__all__ = ["RunEvaluation", "evaluate_run", "level_labels"]
+__all__ = ["EVALUATION_FILE", "RunEvaluation", "evaluate_run", "level_labels", "load_evaluation", "save_evaluation"]
