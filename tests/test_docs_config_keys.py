@@ -3,7 +3,7 @@
 The key table's rows name keys relative to their section (`name`, `baseline.width_rates`)
 and may continue a dotted key with a leading dot (`staleness.kind`, `.a`, `.b`); a row with
 an empty section column belongs to the section above it. The config models are walked
-field by field, so a key added to ``fedgmr/config.py`` without a row fails here.
+field by field, so a key added to a section of ``fedgmr/config/`` without a row fails here.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from conftest import dev_zero as _dev_zero, fifo as _fifo, no_hang, run_cli, tiny_config
-from fedgmr import config as config_mod
+from fedgmr.config import loading as config_mod  # the module whose MAX_CONFIG_BYTES read_config_file reads
 from fedgmr.config import read_config_file
 from fedgmr.errors import ConfigError, FedGMRError, RunDirError
 from fedgmr.experiment.runner import run_experiment

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from fedgmr.config import _Section, _short
+from fedgmr.config import Section, short_repr
 from fedgmr.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def _dashed(name: str) -> str:
     return name.replace("_", "-")
 
 
-class DeploymentConfig(_Section):
+class DeploymentConfig(Section):
     """The run-config keys of a FedGMR Flower deployment (docs/distributed.md)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, alias_generator=_dashed)
@@ -98,7 +98,7 @@ def _format(err: ValidationError) -> str:
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "finite_number":
         msg += " (inf and nan are not allowed here)"
-    return f"invalid run-config value for '{key}': {msg} (got {_short(first.get('input'))})"
+    return f"invalid run-config value for '{key}': {msg} (got {short_repr(first.get('input'))})"
 
 
 def parse_run_config(run_config: Mapping[str, Any]) -> DeploymentConfig:
