@@ -905,7 +905,7 @@ holds no checkpoint."""
     from fedgmr.experiment.table import find_runs
 
     if save and saved:
-        _fail("--save evaluates the checkpoints and --saved reads what an earlier --save kept: give one")
+        _fail(ConfigError("--save evaluates the checkpoints and --saved reads what an earlier --save kept: give one"))
         return
     _import_user_code(imports)
     rows = []
@@ -930,6 +930,60 @@ holds no checkpoint."""
         typer.echo("Test accuracy of each run's saved global model; @d: under the mask of ladder level d "
                    "(d to 3 significant figures; final: the checkpoint is the run's last step).\n")
         typer.echo(frame.to_markdown(index=False))
+
+
+@app.command()
+def tiers(
+    dirs: list[Path] = typer.Argument(..., help="run or sweep directories: the seeds of one configuration"),
+    only: list[str] = typer.Option([], "--only", help="read part of the runs: those with one of these values of a "
+                                   "key (--only method=fedgmr_fixed_time); repeatable"),
+    fmt: str = typer.Option("md", "--format", "-f", help="md or csv"),
+) -> None:
+    """Participation per bandwidth tier: density, MB per model and uploads per step, before \
+and after each tier's first restoration (the paper's Table 12), mean over the seeds."""
+    import math
+
+    import pandas as pd
+
+    from fedgmr.experiment.metrics import EXECUTION_KEYS, read_run_metrics
+    from fedgmr.experiment.sweep import parse_only
+    from fedgmr.experiment.table import find_runs, read_run, select_runs
+    from fedgmr.experiment.tiers import mean_rows, tier_participation
+    from fedgmr.sim.network import tier_densities
+
+    if fmt not in ("md", "csv"):
+        _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
+        return
+    try:
+        runs = select_runs([read_run(p) for p in find_runs(dirs)], parse_only(only))
+        per_run, configs = [], []
+        for run in runs:
+            flat = run.config
+            records = read_run_metrics(run.path, ("time", "step"))  # the per-client lists: tier_participation
+            tiers_of = tier_densities(flat["clients.heterogeneity"], int(flat["clients.num_clients"]))
+            per_run.append(tier_participation(records, tiers_of, float(flat["network.model_size_mb"])))
+            configs.append({k: v for k, v in flat.items() if k not in EXECUTION_KEYS})
+        if not per_run:
+            raise ConfigError("no run matches" + (f" --only {' '.join(only)}" if only else ""))
+        differ = sorted(k for k in set().union(*configs) if len({repr(c.get(k)) for c in configs}) > 1)
+        if differ:
+            raise ConfigError(f"the runs are not seeds of one configuration (they differ in {', '.join(differ[:5])}"
+                              f"{' ...' if len(differ) > 5 else ''}): choose one with --only")
+        frame = pd.DataFrame(mean_rows(per_run))
+    except FedGMRError as exc:
+        _fail(exc)
+        return
+    if fmt == "csv":
+        typer.echo(frame.to_csv(index=False), nl=False)
+        return
+    typer.echo(f"Participation per bandwidth tier, mean over {len(per_run)} seed(s): density and model size (MB) a "
+               f"client of the tier sends, and its uploads per server step, before and after the tier's first "
+               f"restoration (to one evaluation-grid step).\n")
+    formats = {"density before": "{:g}", "density after": "{:g}", "MB before": "{:.2f}", "MB after": "{:.2f}",
+               "uploads/step before": "{:.3f}", "uploads/step after": "{:.3f}", "first restoration (s)": "{:,.0f}"}
+    for col, spec in formats.items():
+        frame[col] = [("–" if math.isnan(v) else spec.format(v)) for v in frame[col]]
+    typer.echo(frame.to_markdown(index=False, disable_numparse=True))
 
 
 @app.command()

@@ -177,6 +177,18 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout and "@0.5" in proc.stdout, proc.stdout
         return
+    elif sub == "tiers":  # exactly as written, on a tiny fixed-time run made where it names one
+        from conftest import tiny_config
+        from fedgmr.experiment.runner import run_experiment
+        from fedgmr.methods import resolve_config
+
+        for d in _positional(args[1:]):
+            run_experiment(resolve_config(tiny_config(method="fedgmr_fixed_time", run={
+                "max_steps": None, "max_time": 200.0, "eval_every": None, "eval_interval": 10.0})), tmp_path / d)
+        proc = run_cli(args, tmp_path)
+        assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        assert "| 0.05x" in proc.stdout and "uploads/step after" in proc.stdout, proc.stdout
+        return
     elif sub == "demo":  # as written, its three quickstart runs shortened to 120 virtual seconds
         out = tmp_path / "demo-out"
         proc = subprocess.run([sys.executable, "-m", "fedgmr", *args, "--out", str(out), "-q",
