@@ -8,8 +8,9 @@ code, float32 values), buffers as raw arrays with their dtype and shape - never 
 Payloads are what a real wire carries (docs/reference.md §6.1):
 
 * the instruction (download) always carries the mask code with the values: the ClientApp
-  is stateless (Flower may start a process per message), so it never already holds the
-  mask;
+  keeps no mask between messages (Flower may start a process per message; what it keeps
+  is its client method's state, :mod:`fedgmr.flower.client`), so it never already holds
+  the mask;
 * the reply (upload) carries the values only, ``HEADER_BYTES + 4 k`` bytes: the server
   decodes them against the mask it assigned to that client (:func:`decode_reply`'s
   ``assigned``). A client that trained a *smaller* mask than assigned (``Reply.mask``)
@@ -19,18 +20,26 @@ Payloads are what a real wire carries (docs/reference.md §6.1):
 
 A train instruction carries the model version tag the reply must echo; the server uses it
 for staleness and to reject replies for a version it never sent (future or mismatched).
+
+Values beside the model (a strategy's ``Assignment.extras`` down, a client method's
+extras up; docs/distributed.md, "Values beside the model") travel as ``extra.<name>``
+fields of raw little-endian float32, each validated like the values: its exact count
+(the coordinates it lies on, or the count the server declared), finite, names known.
+They are counted on the wire as the simulator's network model counts them: 4 bytes per
+value, with no header of their own (they share the payload's).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping, NoReturn
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, NoReturn
 
 import numpy as np
 import torch
 
-from fedgmr.algorithm.encoding import HEADER_BYTES, decode_sparse, encode_sparse, mask_code_limit, payload_nbytes
+from fedgmr.algorithm.encoding import (HEADER_BYTES, decode_mask, decode_sparse, encode_mask, encode_sparse,
+                                      mask_code_limit, payload_nbytes)
 from fedgmr.algorithm.maskinfo import gather
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.messages import Reply
@@ -39,14 +48,18 @@ from fedgmr.training.local import TrainSettings
 #: the name of the ConfigRecord holding FedGMR's fields, in instructions and replies
 RECORD = "fedgmr"
 _BUF = "buf."
+_EXTRA = "extra."
 #: buffer dtypes accepted on the wire (BatchNorm statistics and counters)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "float16": torch.float16}
+#: dtypes a client's own state may hold (it never leaves the node: SCAFFOLD's mask ``held`` is bool)
+STATE_DTYPES = {**_DTYPES, "bool": torch.bool, "int32": torch.int32, "uint8": torch.uint8,
+                "bfloat16": torch.bfloat16}
 _SETTINGS = ("lr", "momentum", "weight_decay", "batch_size", "local_steps", "loss")
 #: the fields of a reply besides its ``buf.*`` buffers (anything else is rejected)
 _REPLY_REQUIRED = ("client", "version", "num_samples", "loss", "payload")
 _REPLY_OPTIONAL = ("num_processed", "val_score")
-#: the fields of an instruction besides its ``train.*`` settings and ``buf.*`` buffers
-_INSTRUCTION_FIELDS = ("client", "version", "seed", "kind", "validate", "model")
+#: the fields of an instruction besides its ``train.*`` settings, ``buf.*`` buffers and ``extra.*`` values
+_INSTRUCTION_FIELDS = ("client", "version", "seed", "kind", "validate", "model", "upload")
 #: Flower's integers are signed 64-bit; nothing on the wire may exceed that
 _INT64 = 1 << 63
 #: largest local_steps / batch_size an instruction may ask of a client
@@ -54,42 +67,48 @@ _MAX_LOCAL_WORK = 1_000_000
 
 
 # ---------------------------------------------------------------------- buffers
-def encode_buffers(buffers: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``buf.<name>`` -> raw bytes, ``buf.<name>.dtype`` -> str, ``buf.<name>.shape`` -> ints."""
+def encode_buffers(buffers: Mapping[str, torch.Tensor], prefix: str = _BUF,
+                   dtypes: Mapping[str, torch.dtype] = _DTYPES) -> dict[str, Any]:
+    """``buf.<name>`` -> raw bytes, ``buf.<name>.dtype`` -> str, ``buf.<name>.shape`` -> ints
+    (``prefix`` replaces ``buf.``; ``dtypes``: the dtypes allowed)."""
     out: dict[str, Any] = {}
     for name, t in buffers.items():
         dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
+        if dtype not in dtypes:
             raise ValueError(f"buffer {name!r} has unsupported dtype {dtype}")
-        arr = t.detach().cpu().contiguous().numpy()
-        out[f"{_BUF}{name}"] = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-        out[f"{_BUF}{name}.dtype"] = dtype
-        out[f"{_BUF}{name}.shape"] = [int(s) for s in t.shape] or [-1]  # [-1]: a scalar
+        t = t.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits as int16
+            t = t.view(torch.int16)
+        arr = t.numpy()
+        out[f"{prefix}{name}"] = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        out[f"{prefix}{name}.dtype"] = dtype
+        out[f"{prefix}{name}.shape"] = [int(s) for s in t.shape] or [-1]  # [-1]: a scalar
     return out
 
 
-def _buffer_names(fields: Mapping[str, Any]) -> set[str]:
+def _buffer_names(fields: Mapping[str, Any], prefix: str = _BUF) -> set[str]:
     """Buffer names mentioned by any ``buf.*`` key (``buf.x``, ``buf.x.dtype``, ``buf.x.shape``)."""
     names = set()
     for key in fields:
-        if isinstance(key, str) and key.startswith(_BUF):
-            rest = key[len(_BUF):]
+        if isinstance(key, str) and key.startswith(prefix):
+            rest = key[len(prefix):]
             names.add(rest[:-6] if rest.endswith((".dtype", ".shape")) else rest)
     return names
 
 
 def decode_buffers(fields: Mapping[str, Any], expected: Mapping[str, torch.Tensor] | None = None,
-                   max_bytes: int | None = None) -> dict[str, torch.Tensor]:
+                   max_bytes: int | None = None, prefix: str = _BUF,
+                   dtypes: Mapping[str, torch.dtype] = _DTYPES) -> dict[str, torch.Tensor]:
     """Inverse of :func:`encode_buffers`. Every buffer needs all three of its fields with
     the right types (bytes, a known dtype name, a list of non-negative ints or ``[-1]``)
     and a byte count that matches them; with ``expected``, unknown names, wrong shapes or
     dtypes are rejected too. Anything malformed raises :class:`InvalidUpdateError`
     before the buffer is allocated."""
     out: dict[str, torch.Tensor] = {}
-    for name in sorted(_buffer_names(fields)):
-        key = f"{_BUF}{name}"
+    for name in sorted(_buffer_names(fields, prefix)):
+        key = f"{prefix}{name}"
         raw, dtype_name, shape = fields.get(key), fields.get(f"{key}.dtype"), fields.get(f"{key}.shape")
-        if not isinstance(raw, bytes) or not isinstance(dtype_name, str) or dtype_name not in _DTYPES \
+        if not isinstance(raw, bytes) or not isinstance(dtype_name, str) or dtype_name not in dtypes \
                 or not isinstance(shape, list):
             raise InvalidUpdateError(f"buffer {name!r} is malformed (needs bytes, a dtype name and a shape list)")
         ref = None
@@ -102,13 +121,70 @@ def decode_buffers(fields: Mapping[str, Any], expected: Mapping[str, torch.Tenso
         dims = [] if shape == [-1] else shape
         if not shape or len(dims) > 8 or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
             raise InvalidUpdateError(f"buffer {name!r} has a bad shape {_show(shape)}")
-        dtype = _DTYPES[dtype_name]
+        dtype = dtypes[dtype_name]
         if ref is not None and (tuple(dims) != tuple(ref.shape) or dtype != ref.dtype):
             raise InvalidUpdateError(f"buffer {name!r} is {dtype}{_show(dims)}; expected {ref.dtype}{list(ref.shape)}")
-        np_dtype = np.dtype(str(dtype).removeprefix("torch.")).newbyteorder("<")
+        bf16 = dtype == torch.bfloat16
+        np_dtype = np.dtype("int16" if bf16 else str(dtype).removeprefix("torch.")).newbyteorder("<")
         if len(raw) != math.prod(dims) * np_dtype.itemsize:
             raise InvalidUpdateError(f"buffer {name!r}: {len(raw)} bytes for shape {_show(dims)}")
         t = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).astype(np_dtype.newbyteorder("="))).reshape(dims)
+        out[name] = t.view(torch.bfloat16) if bf16 else t
+    return out
+
+
+# ---------------------------------------------------------------------- extras
+def encode_extras(extras: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``extra.<name>`` -> the vector's values as raw little-endian float32 (flattened)."""
+    out: dict[str, Any] = {}
+    for name, t in extras.items():
+        arr = t.detach().reshape(-1).to("cpu", torch.float32).contiguous().numpy()
+        out[f"{_EXTRA}{name}"] = arr.astype("<f4", copy=False).tobytes()
+    return out
+
+
+def extra_names(fields: Mapping[str, Any]) -> set[str]:
+    """The names of the ``extra.*`` fields of a message."""
+    return {k[len(_EXTRA):] for k in fields if isinstance(k, str) and k.startswith(_EXTRA)}
+
+
+def decode_extras(fields: Mapping[str, Any], at: Mapping[str, int], what: str, loose: Iterable[str] = (),
+                  loose_total: int = 0) -> dict[str, torch.Tensor]:
+    """The ``extra.*`` fields, each a finite float32 vector, validated before anything is
+    allocated. Every name of ``at`` must be there with exactly that many values (the
+    coordinates it lies on: SCAFFOLD's ``c`` and ``delta_c``); the names of ``loose`` may
+    be there, holding ``loose_total`` values together, exactly (what the server declared:
+    FedNova's one ``tau``). Any other name, a missing one, bytes that are not a whole
+    number of float32 values, a wrong count or a NaN/Inf raises :class:`InvalidUpdateError`
+    naming ``what`` (the side that declared them)."""
+    loose = set(loose)
+    names = extra_names(fields)
+    for name in sorted(names):
+        if name not in at and name not in loose:
+            known = sorted(set(at) | loose)
+            _bad(f"unexpected field {_EXTRA + name!r} ({what} exchanges "
+                 f"{', '.join(known) if known else 'no values beside the model'})")
+    for name in at:
+        if name not in names:
+            _bad(f"field {_EXTRA + name!r} is missing ({what} needs it)")
+    total = 0
+    for name in sorted(names):
+        raw = fields[f"{_EXTRA}{name}"]
+        if not isinstance(raw, bytes) or len(raw) % 4:
+            _bad(f"field {_EXTRA + name!r} must be bytes of float32 values, got {_show(raw)}")
+        if name in at and len(raw) // 4 != at[name]:
+            _bad(f"field {_EXTRA + name!r} holds {len(raw) // 4} values; expected {at[name]}, one per coordinate "
+                 f"of the values")
+        if name not in at:
+            total += len(raw) // 4
+    if total != loose_total and (loose or total):
+        _bad(f"the fields {', '.join(repr(_EXTRA + k) for k in sorted(names - set(at))) or '(none)'} hold {total} "
+             f"values; {what} declared {loose_total}")
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(names):
+        t = torch.from_numpy(np.frombuffer(fields[f"{_EXTRA}{name}"], dtype="<f4").astype(np.float32))
+        if not bool(torch.isfinite(t).all()):
+            _bad(f"field {_EXTRA + name!r} contains NaN or Inf")
         out[name] = t
     return out
 
@@ -127,13 +203,22 @@ class TrainInstruction:
     buffers: dict[str, torch.Tensor]
     settings: TrainSettings
     validate: bool = False
+    #: full-length vectors sent beside the model (SCAFFOLD's ``c``), zero outside ``mask``
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the coordinates the reply carries (None: ``mask``); FedBN leaves BatchNorm out
+    upload_mask: torch.Tensor | None = None
 
 
 def encode_instruction(client: int, version: int, seed: int, kind: str, mask: torch.Tensor,
                        params: torch.Tensor, buffers: Mapping[str, torch.Tensor],
-                       settings: TrainSettings, validate: bool = False) -> dict[str, Any]:
+                       settings: TrainSettings, validate: bool = False,
+                       extras: Mapping[str, torch.Tensor] | None = None,
+                       upload_mask: torch.Tensor | None = None) -> dict[str, Any]:
     """The fields of a train message: the sub-model ``params[mask]`` plus its mask code
-    (always: the ClientApp holds no state between messages)."""
+    (always: the ClientApp keeps no mask between messages), the full-length vectors of
+    ``extras`` at the mask (``extra.<name>``: the values at the mask's coordinates, as the
+    simulator counts them) and, when the reply is to carry other coordinates than the
+    mask (``upload_mask``), that mask's code (``upload``)."""
     fields: dict[str, Any] = {
         "client": int(client), "version": int(version), "seed": int(seed), "kind": kind,
         "validate": bool(validate), "model": encode_sparse(mask, gather(params, mask), send_mask=True),
@@ -141,20 +226,30 @@ def encode_instruction(client: int, version: int, seed: int, kind: str, mask: to
     for name in _SETTINGS:
         fields[f"train.{name}"] = getattr(settings, name)
     fields.update(encode_buffers(buffers))
+    for name, v in (extras or {}).items():
+        if v.numel() != mask.numel():
+            raise ValueError(f"extra {name!r} has {v.numel()} values; a vector beside the model has one per "
+                             f"coordinate ({mask.numel()})")
+    fields.update(encode_extras({name: gather(v.reshape(-1), mask) for name, v in (extras or {}).items()}))
+    if upload_mask is not None:
+        fields["upload"] = encode_mask(upload_mask)
     return fields
 
 
 def decode_instruction(fields: Mapping[str, Any], base: TrainSettings, numel: int,
-                       expected_buffers: Mapping[str, torch.Tensor] | None = None) -> TrainInstruction:
+                       expected_buffers: Mapping[str, torch.Tensor] | None = None,
+                       extras: Iterable[str] = ()) -> TrainInstruction:
     """Parse a train message (client side). ``base`` supplies task-specific settings
     (task, pad index) that the server does not send; ``numel`` is the size of the
     client's own model (required: it bounds what decoding may allocate), and
-    ``expected_buffers`` its buffers. Anything malformed - an unknown or missing field, a
-    wrong type, a payload for another model size, a bad setting - raises
-    :class:`InvalidUpdateError`."""
+    ``expected_buffers`` its buffers; ``extras`` the names of the vectors the client's
+    method reads beside the model (``needs_extras``): each must be there, one finite value
+    per coordinate of the mask, and no other. Anything malformed - an unknown or missing
+    field, a wrong type, a payload for another model size, a bad setting, an upload mask
+    outside the mask - raises :class:`InvalidUpdateError`."""
     fields = _mapping(fields)
     for key in fields:
-        if key in _INSTRUCTION_FIELDS or key.startswith(_BUF):
+        if key in _INSTRUCTION_FIELDS or key.startswith((_BUF, _EXTRA)):
             continue
         if not (key.startswith("train.") and key[len("train."):] in _SETTINGS):
             _bad(f"unexpected field {key!r}")
@@ -173,7 +268,21 @@ def decode_instruction(fields: Mapping[str, Any], base: TrainSettings, numel: in
     buffers = decode_buffers(fields, expected_buffers)
     start = torch.zeros(mask.numel(), dtype=torch.float32)
     start[mask] = values
-    return TrainInstruction(client, version, seed, kind, mask, start, buffers, settings, validate)
+    kept = int(values.numel())
+    sent = decode_extras(fields, {name: kept for name in extras}, "the client method")
+    full: dict[str, torch.Tensor] = {}
+    for name, v in sent.items():
+        full[name] = torch.zeros(mask.numel(), dtype=torch.float32)
+        full[name][mask] = v
+    upload = None
+    if "upload" in fields:
+        code = _bytes(fields, "upload")
+        if len(code) > mask_code_limit(numel):
+            _bad(f"field 'upload' of {len(code)} bytes exceeds the limit of {mask_code_limit(numel)}")
+        upload = decode_mask(code, numel)
+        if bool((upload & ~mask).any()):
+            _bad("field 'upload' names coordinates outside the mask the instruction sent")
+    return TrainInstruction(client, version, seed, kind, mask, start, buffers, settings, validate, full, upload)
 
 
 def _setting(fields: Mapping[str, Any], name: str) -> Any:
@@ -191,13 +300,15 @@ def _setting(fields: Mapping[str, Any], name: str) -> Any:
 def encode_reply(client: int, version: int, mask: torch.Tensor, values: torch.Tensor,
                  buffers: Mapping[str, torch.Tensor], num_samples: int, loss: float,
                  val_score: float | None = None, num_processed: int | None = None,
-                 send_mask: bool = False) -> dict[str, Any]:
+                 send_mask: bool = False, extras: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """The fields of a train reply: the trained values at ``mask``, values only (the
     server holds the mask it assigned). ``send_mask=True`` is for a client reporting a
     smaller ``mask`` than it was assigned: the mask code then travels in the payload.
 
     ``num_samples`` is the client's training-set size; ``num_processed`` (optional) the
-    samples its local steps went through."""
+    samples its local steps went through; ``extras`` the vectors its method sends beside
+    the values (``extra.<name>``: SCAFFOLD's ``delta_c`` at the values' coordinates,
+    FedNova's ``tau``)."""
     fields: dict[str, Any] = {
         "client": int(client), "version": int(version), "num_samples": int(num_samples),
         "loss": float(loss), "payload": encode_sparse(mask, values, send_mask=send_mask),
@@ -207,6 +318,7 @@ def encode_reply(client: int, version: int, mask: torch.Tensor, values: torch.Te
     if val_score is not None:
         fields["val_score"] = float(val_score)
     fields.update(encode_buffers(buffers))
+    fields.update(encode_extras(extras or {}))
     return fields
 
 
@@ -218,7 +330,8 @@ def reply_limit(numel: int, buffers: Mapping[str, torch.Tensor] | None = None) -
 
 def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
                  expected_buffers: Mapping[str, torch.Tensor],
-                 assigned: torch.Tensor | None = None) -> Reply:
+                 assigned: torch.Tensor | None = None, extras: Iterable[str] = (),
+                 loose: Iterable[str] = (), loose_total: int = 0) -> Reply:
     """Parse a reply (server side) into a :class:`Reply` for the strategy, which then
     checks versions, the mask, finiteness and the bounds on influence.
 
@@ -226,6 +339,12 @@ def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
     exactly its count of values (``Reply.mask`` is then None: the assignment). A payload
     carrying its own mask code gives ``Reply.mask`` (the strategy checks it lies inside the
     assignment).
+
+    ``extras`` names the vectors the reply must carry beside its values, one per value
+    (the assignment's ``reply_extras``); ``loose`` the others the client method may send
+    (FedNova's ``tau``), ``loose_total`` values in all (the assignment's
+    ``reply_scalars``); see :func:`decode_extras`. They reach the strategy in
+    ``Reply.extras``.
 
     One rule for every field: anything malformed raises :class:`InvalidUpdateError` -
     not a mapping, a missing or unknown field, a wrong type (bools are not numbers), an
@@ -235,7 +354,7 @@ def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
     fields = _mapping(fields)
     names = set(expected_buffers)
     for key in fields:
-        if key in _REPLY_REQUIRED or key in _REPLY_OPTIONAL:
+        if key in _REPLY_REQUIRED or key in _REPLY_OPTIONAL or key.startswith(_EXTRA):
             continue
         if key.startswith(_BUF):
             rest = key[len(_BUF):]
@@ -257,7 +376,9 @@ def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
     reported = None if mask is assigned else mask
     biggest = max((t.numel() * t.element_size() for t in expected_buffers.values()), default=0)
     buffers = decode_buffers(fields, expected_buffers, max_bytes=biggest)
-    return Reply(client, version, values, num_samples, buffers, kind, reported, loss, val, num_processed=processed)
+    sent = decode_extras(fields, {name: int(values.numel()) for name in extras}, "the server", loose, loose_total)
+    return Reply(client, version, values, num_samples, buffers, kind, reported, loss, val, num_processed=processed,
+                 extras=sent)
 
 
 def _bad(reason: str) -> NoReturn:
@@ -317,5 +438,6 @@ def _real(fields: Mapping[str, Any], key: str, lo: float = -math.inf, hi: float 
     return f
 
 
-__all__ = ["RECORD", "TrainInstruction", "encode_instruction", "decode_instruction", "encode_reply",
-           "decode_reply", "encode_buffers", "decode_buffers", "reply_limit", "HEADER_BYTES"]
+__all__ = ["RECORD", "STATE_DTYPES", "TrainInstruction", "encode_instruction", "decode_instruction", "encode_reply",
+           "decode_reply", "encode_buffers", "decode_buffers", "encode_extras", "decode_extras", "extra_names",
+           "reply_limit", "HEADER_BYTES"]
