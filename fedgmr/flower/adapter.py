@@ -198,15 +198,23 @@ def make_server_app(main: Callable[[GridLink, Mapping[str, Any]], None]) -> Serv
     return app
 
 
-ClientHandler = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], int], dict[str, Any]]
+ClientHandler = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], int, dict[str, Any]],
+                         dict[str, Any]]
+#: the record of ``Context.state`` holding the node's client state (see :mod:`fedgmr.flower.client`)
+STATE_RECORD = "fedgmr.state"
 #: a fault-injection hook: (fields of the reply, node_config, count of replies so far) -> fields or raise
 ReplyMod = Callable[[dict[str, Any], Mapping[str, Any], int], dict[str, Any]]
 
 
 def make_client_app(train: ClientHandler, mods: Sequence[ReplyMod] = ()) -> ClientApp:
     """A ClientApp whose train handler calls ``train(fields, run_config, node_config,
-    node_id) -> reply fields``; each of ``mods`` may rewrite the reply fields (faults for
-    tests) before they are sent."""
+    node_id, store) -> reply fields``; each of ``mods`` may rewrite the reply fields
+    (faults for tests) before they are sent.
+
+    ``store`` is a flat dict of scalars and bytes that persists across the messages of a
+    run on this node: it lives in ``Context.state`` (record :data:`STATE_RECORD`), which
+    the SuperNode keeps between messages and hands to each ClientApp process, and it is
+    written back only after ``train`` returned (a message that fails leaves it as it was)."""
     app = ClientApp()
 
     @app.train()
@@ -215,7 +223,12 @@ def make_client_app(train: ClientHandler, mods: Sequence[ReplyMod] = ()) -> Clie
         state = context.state.get(RECORD)
         count = int(state["replies"]) if isinstance(state, ConfigRecord) and "replies" in state else 0
         context.state[RECORD] = ConfigRecord({"replies": count + 1})
-        fields = train(fields_of(msg), dict(context.run_config), dict(context.node_config), int(context.node_id))
+        held = context.state.get(STATE_RECORD)
+        store = dict(held) if isinstance(held, ConfigRecord) else {}
+        fields = train(fields_of(msg), dict(context.run_config), dict(context.node_config), int(context.node_id),
+                       store)
+        if store or held is not None:
+            context.state[STATE_RECORD] = ConfigRecord(store)
         for mod in mods:
             fields = mod(fields, dict(context.node_config), count)
         return reply(msg, fields)

@@ -9,19 +9,29 @@ trained values at the mask - values only: the server knows the mask it assigned.
 This node's data is partition ``partition-id`` (Flower's node config; the simulation
 runtime sets it, a SuperNode gets it from ``--node-config``) of the data set named by
 the run's FedGMR config.
+
+Client state (SCAFFOLD's ``c_i``, Ditto's personal model, FedBN's BatchNorm layers,
+FedDyn's ``h_i``: what the simulator keeps in ``Simulator.client_states``) stays on the
+node: the handler reads it from, and writes it back to, a ``store`` - a flat record of
+``state.<partition>.<name>`` fields (raw bytes, dtype, shape) that the ClientApp keeps in
+Flower's ``Context.state``, which the SuperNode holds across the messages of a run (also
+when each message runs in a new ClientApp process). It is keyed by the partition, never
+sent to the server, and kept whether or not the server accepts the reply (as in the
+simulator). Values beside the model (SCAFFOLD's ``c`` down, ``delta_c`` up; FedNova's
+``tau``) travel in the payload (:mod:`fedgmr.flower.payload`).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
 
 import torch
 
 from fedgmr.algorithm.params import get_buffers
 from fedgmr.config import ExperimentConfig
-from fedgmr.flower.payload import decode_instruction, encode_reply
+from fedgmr.flower.payload import STATE_DTYPES, decode_buffers, decode_instruction, encode_buffers, encode_reply
 from fedgmr.sim.executor import ClientWorkload, TrainJob
 
 log = logging.getLogger(__name__)
@@ -67,9 +77,30 @@ def workload_for(cfg: ExperimentConfig) -> ClientWorkload:
     return _WORKLOADS[key]
 
 
+def state_prefix(partition: int) -> str:
+    """The prefix of one partition's state fields in a node's store."""
+    return f"state.{int(partition)}."
+
+
+def load_state(store: Mapping[str, Any], partition: int) -> dict[str, torch.Tensor]:
+    """The client state ``partition`` left in ``store`` (empty: none yet)."""
+    return decode_buffers(store, prefix=state_prefix(partition), dtypes=STATE_DTYPES)
+
+
+def save_state(store: MutableMapping[str, Any], partition: int, state: Mapping[str, torch.Tensor]) -> None:
+    """Replace the state of ``partition`` in ``store`` with ``state``."""
+    prefix = state_prefix(partition)
+    for key in [k for k in store if k.startswith(prefix)]:
+        del store[key]
+    store.update(encode_buffers(state, prefix=prefix, dtypes=STATE_DTYPES))
+
+
 def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node_config: Mapping[str, Any],
-                  node_id: int) -> dict[str, Any]:
-    """Train the sub-model of one instruction; returns the reply fields."""
+                  node_id: int, store: MutableMapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train the sub-model of one instruction; returns the reply fields.
+
+    ``store`` holds the client state between this node's messages (the ClientApp passes
+    the record it keeps in ``Context.state``); a method that keeps state needs one."""
     cfg = load_run_config(run_config)
     workload = workload_for(cfg)
     if cfg.run.torch_threads:
@@ -79,18 +110,28 @@ def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node
     partition = int(part) if part is not None else int(node_id) % n
     if not 0 <= partition < n:
         raise ValueError(f"partition-id {partition} is outside the {n} partitions of the config")
+    method = getattr(workload, "client_method", None)
+    stateful = bool(getattr(method, "stateful", False))
+    if stateful and store is None:
+        raise ValueError(f"local.algorithm {cfg.local.algorithm!r} keeps client state between jobs: "
+                         "train_handler needs a store")
     # decoded against this node's own model: its size bounds what a message may make us allocate
-    ins = decode_instruction(fields, workload.settings, workload.space.numel, get_buffers(workload.model))
+    ins = decode_instruction(fields, workload.settings, workload.space.numel, get_buffers(workload.model),
+                             extras=tuple(getattr(method, "needs_extras", ())))
     full = bool(ins.mask.all())
+    state = load_state(store, partition) if stateful and store is not None else {}
     job = TrainJob(partition, ins.version, ins.seed, ins.start, ins.buffers, None if full else ins.mask,
-                   ins.kind, ins.validate)
+                   ins.kind, ins.validate, ins.upload_mask, ins.extras, state)
     saved = workload.settings
     workload.settings = ins.settings
     try:
         res = workload.run(job)
     finally:
         workload.settings = saved
-    # values only: the server decodes them against the mask it assigned (ins.mask)
+    if res.state is not None and store is not None:  # the client's own: kept whatever the server does with the reply
+        save_state(store, partition, res.state)
+    # values only: the server decodes them against the mask it assigned (the upload mask, else ins.mask)
     num_processed = getattr(res, "num_processed", None)
-    return encode_reply(ins.client, ins.version, ins.mask, res.values, res.buffers, res.num_samples,
-                        res.loss, res.val_score, num_processed=num_processed)
+    up = ins.mask if ins.upload_mask is None else ins.upload_mask
+    return encode_reply(ins.client, ins.version, up, res.values, res.buffers, res.num_samples,
+                        res.loss, res.val_score, num_processed=num_processed, extras=res.extras)

@@ -16,8 +16,17 @@ counted in ``rejected`` and never reach the global model: nothing a client sends
 raise out of :meth:`BufferedServerLoop.handle`. A node whose replies keep being rejected
 is quarantined (:mod:`fedgmr.flower.quarantine`): it gets no instruction for a while.
 
-Replies carry values only: each in-flight instruction remembers the mask it assigned, and
-the reply is decoded against it (a value count other than the mask's is rejected).
+Replies carry values only: each in-flight instruction remembers the mask it assigned (the
+coordinates the reply carries: ``Assignment.reply_mask``), and the reply is decoded
+against it (a value count other than the mask's is rejected).
+
+Values beside the model travel as the simulator sends them: an assignment's ``extras``
+(SCAFFOLD's ``c``) go down at its mask, the reply brings back its ``reply_extras``
+(``delta_c``) at its values' coordinates and the client method's other extras
+(FedNova's ``tau``: ``reply_scalars`` values in all); each is decoded and checked like
+the values (:func:`~fedgmr.flower.payload.decode_extras`) and counted in ``bytes_down``
+/ ``bytes_up``, 4 bytes a value. Client state never reaches the server: it stays on the
+node (:mod:`fedgmr.flower.client`).
 """
 
 from __future__ import annotations
@@ -107,8 +116,10 @@ class _Flight:
     version: int
     sent: float
     nbytes: int
-    mask: torch.Tensor | None = None  # the mask assigned: a values-only reply is decoded against it
+    mask: torch.Tensor | None = None  # the reply's coordinates assigned: a values-only reply is decoded against it
     density: float = 1.0  # the assignment's density (the deadline trigger compares them)
+    reply_extras: tuple[str, ...] = ()  # vectors the reply carries beside its values, one value per value
+    reply_scalars: int = 0  # values the reply's other extras hold in all (FedNova's tau: 1)
 
 
 @dataclass
@@ -154,12 +165,16 @@ class BufferedServerLoop:
     client_validation: ask clients for their local validation score (per-client GMR).
     on_record: called with each metrics record.
     quarantine: when a node's rejected replies quarantine it (default: never).
+    client_extras: the names of what the client method sends beside its values
+        (``returns_extras``); those an assignment does not ask for at the values'
+        coordinates (``reply_extras``) hold its ``reply_scalars`` values in all.
     """
 
     def __init__(self, strategy: MaskedBufferedStrategy, link: Link, nodes: list[int], evaluator: Evaluator,
                  settings: LoopSettings, train: TrainSettings, seed: int = 0, client_validation: bool = False,
                  on_record: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, quarantine: QuarantinePolicy | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, quarantine: QuarantinePolicy | None = None,
+                 client_extras: tuple[str, ...] = ()) -> None:
         if not nodes:
             raise ValueError("no nodes to train on")
         self.strategy = strategy
@@ -170,6 +185,7 @@ class BufferedServerLoop:
         self.train = train
         self.seed = seed
         self.client_validation = client_validation
+        self.client_extras = tuple(client_extras)
         self.on_record = on_record or (lambda rec: None)
         self.clock = clock
         self.in_flight: dict[str, _Flight] = {}
@@ -226,9 +242,11 @@ class BufferedServerLoop:
                 self.benched.add(slot)
                 continue
             a = self.strategy.assign(slot)
+            _check_carried(a)
             seed = job_seed(self.seed, slot, self.dispatches[slot])
             fields = encode_instruction(slot, a.version, seed, a.consumes, a.mask, self.strategy.params,
-                                        self.strategy.buffers, self.train, self.client_validation)
+                                        self.strategy.buffers, self.train, self.client_validation, a.extras,
+                                        a.upload_mask)
             nbytes = sum(len(v) for v in fields.values() if isinstance(v, bytes))
             # the TTL outlives our own deadline, so a silent client is dropped by the loop
             # (a timeout); the TTL then lets the SuperLink discard the message
@@ -244,7 +262,8 @@ class BufferedServerLoop:
             self.stats.node(self.node_of_slot[slot])["sent"] += 1
             self.stats.bytes_down += nbytes
             self.stats.downloads += 1
-            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.mask, a.density)
+            self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.reply_mask, a.density,
+                                             tuple(a.reply_extras), int(a.reply_scalars))
             self.waiting.discard(slot)
 
     def _timed(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
@@ -337,8 +356,10 @@ class BufferedServerLoop:
 
     def _accept(self, slot: int, flight: _Flight, fields: Any) -> bool:
         """Decode ``fields`` (InvalidUpdateError when malformed) and offer them to the strategy."""
+        loose = tuple(n for n in self.client_extras if n not in flight.reply_extras)
         reply = decode_reply(fields, self.strategy.space.numel, self.strategy.rule.consumes,
-                             self.strategy.buffers, assigned=flight.mask)
+                             self.strategy.buffers, assigned=flight.mask, extras=flight.reply_extras,
+                             loose=loose, loose_total=flight.reply_scalars)
         if reply.client_id != slot:
             known = 0 <= reply.client_id < self.strategy.num_clients
             raise InvalidUpdateError(f"claims to be client {reply.client_id}" if known
@@ -471,6 +492,17 @@ class BufferedServerLoop:
                             "flight (its last reply came %.0f s after the start)", f.slot, node, now - f.sent,
                             self.stats.node(node).get("last_reply_s", 0.0))
         return self.records
+
+
+def _check_carried(a: Any) -> None:
+    """Refuse (a bug: the runtime table refuses these configs first) what the payload
+    does not carry: per-client start models, alternative models, plain vectors beside."""
+    if a.start is not None or a.alternatives:
+        raise NotImplementedError("the Flower payload carries the global model only (no cluster models); "
+                                  "fedgmr.runtime_support refuses clustering on Flower")
+    if a.wire_values is not None and (a.extras or a.reply_extras):
+        raise NotImplementedError("the Flower payload carries no plain vectors in place of the model (FedMD's "
+                                  "logits); fedgmr.runtime_support refuses it on Flower")
 
 
 #: the wire's default update-norm bound: this multiple of the median accepted update norm

@@ -66,8 +66,8 @@ class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def refuse_client_state(cfg: Any) -> None:
-    """What the Flower runtime cannot carry yet (client state, values beside the model,
-    per-cluster models, client sampling): the refusals of the one runtime table,
+    """What the Flower runtime cannot run yet (per-cluster models, client models scored on
+    the server, client sampling): the refusals of the one runtime table,
     :data:`fedgmr.runtime_support.RUNTIME_RULES`."""
     from fedgmr.runtime_support import check_runtime
 
@@ -126,6 +126,9 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         cfg = load_run_config(run_config)
         refuse_client_state(cfg)
         check_against_config(rc, cfg)
+        if cfg.run.personal_eval_every is not None:
+            log.warning("run.personal_eval_every is not run under Flower: the clients' own models (their state) "
+                        "stay on the nodes; the records score the global model")
         exp = build_experiment(cfg)
         exp.executor.close()
         bound_influence(exp.strategy, [len(idx) for idx in exp.partition.clients], rc)
@@ -158,9 +161,11 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
                 metrics.flush()
 
         workload = exp.simulator.executor.workload  # type: ignore[attr-defined]
+        method = getattr(workload, "client_method", None)
         loop = BufferedServerLoop(exp.strategy, link, nodes[:n], exp.simulator.evaluator, settings,
                                   workload.settings, cfg.seed, wants_client_validation(cfg), on_record,
-                                  quarantine=quarantine)
+                                  quarantine=quarantine,
+                                  client_extras=tuple(getattr(method, "returns_extras", ())))
         if quarantine.enabled:
             log.info("quarantine: %d invalid replies within %g s keep a node out for %g s", quarantine.after,
                      quarantine.window, quarantine.seconds)
