@@ -1,8 +1,10 @@
 """Which runtime runs which configuration: one declared table, consulted by every entry
 point that starts a runtime (docs/distributed.md, "What runs where").
 
-The simulator runs every method. A deployment runtime refuses a configuration when a
-feature it needs does not travel over that runtime yet; each refusal is one row of
+The simulator runs every method. The Flower runtime carries client state (kept on the
+node) and the values exchanged beside the model (in the payload), as the simulator does.
+A deployment runtime refuses a configuration when a feature it needs does not travel over
+that runtime yet; each refusal is one row of
 :data:`RUNTIME_RULES` - the feature, the runtimes that refuse it and why - so the
 refusals are listed, tested and documented from one place rather than written into each
 runtime. :func:`check_runtime` raises the first refusal as a one-line ``ConfigError``.
@@ -40,21 +42,15 @@ def _clustering(cfg: Any) -> str | None:
     return None if kind == "none" else f"clustering.kind {kind!r}"
 
 
-def _client_method(cfg: Any) -> Any:
-    from fedgmr.training.client_methods import client_method
-
-    return client_method(cfg.local)
-
-
-def _stateful(cfg: Any) -> str | None:
-    return f"local.algorithm {cfg.local.algorithm!r}" if _client_method(cfg).stateful else None
+#: client methods that train no global model: their result is the clients' own models
+#: (FedMD's accuracy is the mean over them; local_only's and standalone's the personal
+#: accuracy), which a deployment keeps on the nodes and does not score
+CLIENT_MODELS_ONLY = ("fedmd", "local_sgd", "standalone")
 
 
-def _extras(cfg: Any) -> str | None:
-    method = _client_method(cfg)
-    if method.stateful or not (method.needs_extras or method.returns_extras):
-        return None  # (a stateful method is refused by its own row first)
-    return f"local.algorithm {cfg.local.algorithm!r}"
+def _client_models_only(cfg: Any) -> str | None:
+    algo = cfg.local.algorithm
+    return f"local.algorithm {algo!r}" if algo in CLIENT_MODELS_ONLY else None
 
 
 def _sampling(cfg: Any) -> str | None:
@@ -66,10 +62,9 @@ def _sampling(cfg: Any) -> str | None:
 RUNTIME_RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule("clustering", ("flower",), _clustering,
                 "sends per-cluster models, which the Flower runtime does not carry yet"),
-    RuntimeRule("client state", ("flower",), _stateful,
-                "keeps client state between jobs, which the Flower runtime does not carry yet"),
-    RuntimeRule("values beside the model", ("flower",), _extras,
-                "exchanges values beside the model (its extras), which the Flower payload does not carry yet"),
+    RuntimeRule("client models only", ("flower",), _client_models_only,
+                "trains no global model: its result is the clients' own models, which stay on the nodes and "
+                "which the Flower runtime does not score yet"),
     RuntimeRule("client sampling", ("flower",), _sampling,
                 "samples clients per round, which the Flower runtime does not do yet (it keeps every node "
                 "busy); unset it"),
@@ -95,4 +90,4 @@ def check_runtime(cfg: Any, runtime: str) -> None:
         raise ConfigError(why)
 
 
-__all__ = ["RUNTIMES", "RUNTIME_RULES", "RuntimeRule", "check_runtime", "refusal"]
+__all__ = ["CLIENT_MODELS_ONLY", "RUNTIMES", "RUNTIME_RULES", "RuntimeRule", "check_runtime", "refusal"]

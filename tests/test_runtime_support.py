@@ -31,10 +31,9 @@ def _cfg(method: str, **extra):
 @pytest.mark.parametrize("method, rule, words", [
     ("ifca", "clustering", "clustering.kind 'ifca' sends per-cluster models"),
     ("cfl", "clustering", "clustering.kind 'cfl' sends per-cluster models"),
-    ("scaffold", "client state", "local.algorithm 'scaffold' keeps client state between jobs"),
-    ("ditto", "client state", "local.algorithm 'ditto' keeps client state"),
-    ("feddyn", "client state", "local.algorithm 'feddyn' keeps client state"),
-    ("fednova", "values beside the model", "local.algorithm 'fednova' exchanges values beside the model"),
+    ("fedmd", "client models only", "local.algorithm 'fedmd' trains no global model"),
+    ("local_only", "client models only", "local.algorithm 'local_sgd' trains no global model"),
+    ("standalone", "client models only", "local.algorithm 'standalone' trains no global model"),
 ])
 def test_each_row_refuses_what_it_names_on_flower_only(method: str, rule: str, words: str):
     cfg = _cfg(method)
@@ -52,14 +51,15 @@ def test_client_sampling_is_refused_and_every_client_at_work_is_not():
     assert refusal(_cfg("fedgmr", clients={"num_clients": 4, "concurrency": 4}), "flower") is None
 
 
-def test_the_simulator_runs_every_method_and_flower_runs_fedgmr_and_the_width_baselines():
+def test_the_simulator_runs_every_method_and_flower_runs_fedgmr_the_baselines_and_client_state():
     refused = {m: refusal(_cfg(m), "flower") for m in METHODS.names()}
     assert all(refusal(_cfg(m), "simulator") is None for m in METHODS.names())
     runs = {m for m, why in refused.items() if why is None}
     assert {"fedgmr", "fedavg", "fedasync", "fedprox", "heterofl", "fedrolex", "fjord", "fiarse"} <= runs
+    # client state (kept on the node) and values beside the model (in the payload) run on Flower
+    assert {"scaffold", "ditto", "fedbn", "feddyn", "fednova", "fedmrl"} <= runs
     # exactly the rows of the docs' table (docs/distributed.md, "What runs where")
-    assert set(refused) - runs == {"cfl", "ditto", "fedbn", "feddyn", "fedmd", "fedmrl", "fednova", "ifca",
-                                   "local_only", "scaffold", "standalone"}
+    assert set(refused) - runs == {"cfl", "fedmd", "ifca", "local_only", "standalone"}
 
 
 def test_unknown_runtime_is_an_error():

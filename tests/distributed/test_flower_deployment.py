@@ -356,3 +356,79 @@ def test_secured_deployment_tls_node_auth_forged_ids_and_quarantine(procs, tmp_p
         if path.is_file():
             text = path.read_text(errors="replace")
             assert "PRIVATE KEY" not in text and not any(s in text for s in secret_lines), path
+
+
+def test_scaffold_on_supernodes_keeps_client_state_and_equals_the_simulator(procs, tmp_path):
+    """SCAFFOLD (client state c_i, values beside the model c and delta_c) on a SuperLink and
+    three SuperNodes on loopback, synchronous rounds: every reply arrives with its delta_c
+    and is accepted, and the run's records equal a simulator run's with the same slot ->
+    partition assignment - which they only do when each node kept its c_i between its jobs
+    (Context.state; tests/distributed/test_flower_client_state.py shows a forgetful node
+    training another model)."""
+    import re
+
+    from fedgmr.experiment.build import build_experiment
+    from fedgmr.flower.client import load_run_config
+    from fedgmr.flower.loop import bound_influence
+
+    port, clients, steps = _free_port(), 3, 3
+    out = tmp_path / "out-scaffold"
+    raw = tiny_config(method="scaffold", clients={"num_clients": clients}, network={"model_size_mb": None},
+                      training={"lr": 0.1, "local_steps": 5}, run={"max_steps": steps, "eval_every": 1})
+    cfg_path = tmp_path / "scaffold.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    # sync rounds: a step waits for every node (no step timeout within the run); the update-norm bound
+    # off, as in the simulator
+    run_config = {"config": str(cfg_path), "out-dir": str(out), "num-server-steps": steps, "eval-every": 1,
+                  "reply-timeout": scaled(600.0), "step-timeout": scaled(900.0), "max-wall": scaled(900.0),
+                  "node-wait": scaled(120.0), "update-norm-multiple": 0}
+    app = write_app(tmp_path / "app", run_config)
+    write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
+    _superlink(procs, port, simulation=False)
+    for i in range(clients):
+        api = _free_port()
+        node = procs.start(f"supernode{i}", [str(BIN / "flower-supernode"), "--insecure", "--superlink",
+                                             f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(api),
+                                             "--node-config", f"partition-id={i} num-partitions={clients}",
+                                             "--isolation", "process"])
+        _wait_http(api, node, f"supernode {i}")
+        procs.start(f"superexec{i}", [str(BIN / "fedgmr"), "flower", "superexec", "--runtime-api-address",
+                                      f"127.0.0.1:{api}", "--insecure", "--warm-config", str(cfg_path)])
+    partition_of = {}
+    for i in range(clients):
+        found = _wait_for(f"supernode {i}'s id", lambda i=i: re.search(r"SuperNode ID: (\d+)",
+                                                                         procs.log(f"supernode{i}")), 120, procs)
+        partition_of[int(found.group(1))] = i
+    result = _flwr_run(procs, app, "loop", out, timeout=1000)
+    print("scaffold:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
+    assert result["nodes"] == clients and result["steps"] == steps
+    # c went down to every node (its ClientApp refuses an instruction without it: an error reply)
+    # and every reply's delta_c came back well-formed (SCAFFOLD rejects a reply without it)
+    assert result["rejected_updates"] == 0 and result["client_errors"] == 0 and result["timeouts"] == 0
+    assert result["uploads"] == clients * steps
+    flower = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    # the simulator, each slot on the partition its node holds (the server gives slot i the i-th
+    # node id), its sample counts bounded as the ServerApp bounds them
+    perm = [partition_of[n] for n in sorted(partition_of)]
+    cfg = load_run_config(run_config)
+    exp = build_experiment(cfg)
+    records: list[dict] = []
+    try:
+        work = exp.simulator.executor.workload
+        work.client_data = [work.client_data[p] for p in perm]
+        work.client_val = [work.client_val[p] for p in perm]
+        bound_influence(exp.strategy, [len(idx) for idx in exp.partition.clients], run_config)
+        exp.simulator.on_record = records.append
+        exp.simulator.run(steps)
+        exp.simulator.finish()
+    finally:
+        exp.executor.close()
+    print("partitions by slot:", perm)
+    assert [r["step"] for r in flower] == [r["step"] for r in records] == list(range(steps + 1))
+    for f, s in zip(flower, records):
+        assert f["accuracy"] == s["accuracy"], (f, s)
+        # the float64 sums of an aggregation may take the replies in another order than the
+        # simulator's: at most a last-bit difference in the model
+        assert f["loss"] == pytest.approx(s["loss"], rel=1e-6, abs=1e-7), (f, s)
+    assert flower[-1]["loss"] < flower[0]["loss"]
