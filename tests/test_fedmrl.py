@@ -245,9 +245,9 @@ def test_impossible_combinations_are_one_line_config_errors(set_, match):
     assert "\n" not in str(err.value)
 
 
-def test_flower_refuses_fedmrl_and_local_only():
+def test_flower_runs_fedmrl_and_refuses_standalone():
     from fedgmr.flower.server_app import refuse_client_state
 
-    for m in ("fedmrl", "standalone"):
-        with pytest.raises(ConfigError, match="Flower"):
-            refuse_client_state(resolve_config(_raw(m)))
+    refuse_client_state(resolve_config(_raw("fedmrl")))  # F_i and the projector stay on the node
+    with pytest.raises(ConfigError, match="Flower"):  # no global model: its result is the client models
+        refuse_client_state(resolve_config(_raw("standalone")))
