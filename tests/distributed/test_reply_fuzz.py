@@ -213,7 +213,8 @@ def _offer(loop: BufferedServerLoop, slot: int, fields: Any) -> bool:
     """Hand ``fields`` to the loop as the reply to a fresh job of ``slot``."""
     a = loop.strategy.assign(slot)
     msg_id = uuid.uuid4().hex
-    loop.in_flight[msg_id] = _Flight(slot, a.version, 0.0, 0, a.mask)
+    loop.in_flight[msg_id] = _Flight(slot, a.version, 0.0, 0, a.reply_mask, a.density, tuple(a.reply_extras),
+                                     int(a.reply_scalars))
     return loop.handle(_Arrived(msg_id, slot, fields, None, 0))
 
 
@@ -413,3 +414,49 @@ def test_an_unexpected_decoder_error_is_still_only_a_rejection(world, monkeypatc
     assert loop.strategy.rejected == 1
     assert "unhandled KeyError" in loop.stats.log[-1]
     assert any(r.exc_info for r in caplog.records if r.levelname == "DEBUG")
+
+
+# ---------------------------------------------------------------------- values beside the model
+def _scaffold(tmp: Path) -> tuple[BufferedServerLoop, dict[str, Any], dict[str, Any]]:
+    """A SCAFFOLD loop under the deployment's bounds, and an honest reply of client 1 (with delta_c)."""
+    raw = tiny_config(method="scaffold", clients={"num_clients": 4}, run={"max_steps": 4, "eval_every": 2})
+    path = tmp / "scaffold.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run_config = {"config": str(path)}
+    cfg = load_run_config(run_config)
+    exp = build_experiment(cfg)
+    exp.executor.close()
+    bound_influence(exp.strategy, [len(i) for i in exp.partition.clients], {})
+    loop = BufferedServerLoop(exp.strategy, _NoLink(), list(range(4)), exp.simulator.evaluator,
+                              LoopSettings(max_steps=4, mode="sync"), exp.simulator.executor.workload.settings,
+                              cfg.seed, client_extras=("delta_c",))
+    s = loop.strategy
+    a = s.assign(1)
+    fields = encode_instruction(1, a.version, 7, a.consumes, a.mask, s.params, s.buffers, loop.train,
+                                extras=a.extras)
+    return loop, run_config, train_handler(fields, run_config, {"partition-id": 1}, 1, {})
+
+
+def test_every_malformed_extra_is_rejected_cleanly_and_never_moves_c(tmp_path, capsys):
+    loop, run_config, honest = _scaffold(tmp_path)
+    dc = honest["extra.delta_c"]
+    assert len(dc) == 4 * loop.strategy.space.numel  # one float32 per value
+    cases: list[tuple[str, Any]] = []
+    for label, v in WRONG:
+        cases.append((f"extra.delta_c={label}", dict(honest, **{"extra.delta_c": v})))
+    for label, data in (("truncated by 1", dc[:-1]), ("one value short", dc[:-4]), ("one value more", dc + bytes(4)),
+                        ("empty", b""), ("doubled", dc + dc), ("first value NaN", _NAN32 + dc[4:]),
+                        ("last value +Inf", dc[:-4] + _INF32), ("last value -Inf", dc[:-4] + b"\x00\x00\x80\xff")):
+        cases.append((f"extra.delta_c {label}", dict(honest, **{"extra.delta_c": data})))
+    cases.append(("extra.delta_c missing", {k: v for k, v in honest.items() if k != "extra.delta_c"}))
+    for name, v in (("extra.tau", struct.pack("<f", 3.0)), ("extra.", b""), ("extra.c", dc), ("extra.delta_c.x", dc)):
+        cases.append((f"unexpected {name!r}", dict(honest, **{name: v})))
+    c_before = _bits(loop.strategy.c)
+    failures = [f for name, fields in cases if (f := _check_rejected(loop, 1, name, fields)) is not None]
+    assert not failures, "\n".join(failures)
+    assert loop.strategy.rejected == len(cases) and loop.strategy.arrivals == []
+    assert _offer(loop, 1, honest) is True  # the honest reply still counts, and moves c once aggregated
+    loop.strategy.aggregate()
+    assert _bits(loop.strategy.c) != c_before and bool(torch.isfinite(loop.strategy.c).all())
+    with capsys.disabled():
+        print(f"\nSCAFFOLD delta_c: {len(cases)} malformed replies tried, {len(cases)} rejected cleanly, 0 failed")
