@@ -324,3 +324,38 @@ def test_the_store_keeps_each_partitions_state_apart_and_exact():
     assert load_state(store, 1).keys() == {"h_i"} and load_state(store, 2) == {}
     save_state(store, 0, {"c_i": torch.zeros(5)})  # a new state replaces the old one whole
     assert load_state(store, 0).keys() == {"c_i"} and load_state(store, 1).keys() == {"h_i"}
+
+
+def test_the_client_app_keeps_the_store_in_context_state_and_only_after_a_job_finished(monkeypatch):
+    """The ClientApp's glue (fedgmr.flower.adapter): the handler's store lives in
+    ``Context.state`` between messages (what the SuperNode keeps and hands to each ClientApp
+    process: tests/distributed/test_flower_deployment.py runs it across processes), and a
+    message whose handler raises leaves it as it was."""
+    pytest.importorskip("flwr", reason="Flower is not installed: pip install 'fedgmr[flower]'")
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedgmr.flower.adapter import STATE_RECORD, content_of, fields_of, make_client_app
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):  # what a ClientApp process sets
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+    def train(fields: Mapping[str, Any], run_config: Any, node_config: Any, node_id: int,
+              store: dict[str, Any]) -> dict[str, Any]:
+        store["jobs"] = store.get("jobs", 0) + 1
+        if fields.get("fail"):
+            store["half-written"] = b"x"
+            raise RuntimeError("the job failed")
+        return {"jobs": store["jobs"]}
+
+    app = make_client_app(train)
+    context = Context(run_id=1, node_id=5, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    seen = []
+    for fields in ({}, {}, {"fail": True}, {}):
+        try:
+            seen.append(fields_of(app(Message(content_of(fields), dst_node_id=5, message_type="train"), context)))
+        except RuntimeError:
+            seen.append("raised")
+        held = context.state[STATE_RECORD]
+        assert isinstance(held, ConfigRecord) and "half-written" not in held
+    assert seen == [{"jobs": 1}, {"jobs": 2}, "raised", {"jobs": 3}]
