@@ -142,13 +142,13 @@ def test_refused_combinations_are_one_line_config_errors(set_, match):
     assert "\n" not in str(err.value)
 
 
-def test_flower_refuses_stateful_client_methods():
+def test_flower_runs_stateful_client_methods_and_refuses_client_models_only():
     from fedgmr.flower.server_app import refuse_client_state
 
-    refuse_client_state(resolve_config(tiny_config(method="fedprox")))  # stateless: fine
-    for m in ("scaffold", "ditto"):
-        with pytest.raises(ConfigError, match="Flower"):
-            refuse_client_state(resolve_config(tiny_config(method=m)))
+    for m in ("fedprox", "scaffold", "ditto"):  # client state stays on the node under Flower
+        refuse_client_state(resolve_config(tiny_config(method=m)))
+    with pytest.raises(ConfigError, match="Flower"):  # no global model: its result is the client models
+        refuse_client_state(resolve_config(tiny_config(method="local_only")))
 
 
 def test_feature_shift_transforms_each_clients_images():
