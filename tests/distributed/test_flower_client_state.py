@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from fedgmr.algorithm.encoding import HEADER_BYTES, payload_nbytes
+from fedgmr.algorithm.encoding import HEADER_BYTES, mask_code_nbytes, payload_nbytes
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.flower.client import load_run_config, load_state, save_state, train_handler
@@ -151,6 +151,9 @@ def test_scaffold_state_persists_between_a_clients_jobs_and_the_extras_arrive(tm
     # c went down beside the model, delta_c came back beside the values: 4 bytes a value each way
     replies = loop.stats.replies
     assert loop.stats.bytes_up == replies * (HEADER_BYTES + 2 * 4 * numel) == replies * payload_nbytes(2 * numel)
+    # (the download always carries the mask code: the simulator's count of a download whose mask changed)
+    code = mask_code_nbytes(torch.ones(numel, dtype=torch.bool))
+    assert loop.stats.bytes_down == loop.stats.downloads * payload_nbytes(2 * numel, code)
     # a node that forgets its state between messages (no Context.state) trains another model
     forgetful = StateLink(run_config, forget=True)
     _, other = _flower(run_config, forgetful)
