@@ -22,7 +22,7 @@ A train instruction carries the model version tag the reply must echo; the serve
 for staleness and to reject replies for a version it never sent (future or mismatched).
 
 Values beside the model (a strategy's ``Assignment.extras`` down, a client method's
-extras up; docs/distributed.md, "Values beside the model") travel as ``extra.<name>``
+extras up; docs/distributed.md, "What runs where") travel as ``extra.<name>``
 fields of raw little-endian float32, each validated like the values: its exact count
 (the coordinates it lies on, or the count the server declared), finite, names known.
 They are counted on the wire as the simulator's network model counts them: 4 bytes per
