@@ -278,3 +278,15 @@ def test_plot_of_a_real_tiny_run_with_levels(tmp_path: Path):
     levels = level_curves(rows[0], "time", "m")
     assert [lv for lv, _, _ in levels] == rows[0][0]["levels"]
     assert levels[-1][2].tolist() == [100 * r["level_accuracy"][-1] for r in rows[0] if "level_accuracy" in r]
+
+
+def test_many_curves_get_distinct_colours():
+    """A plot of every method of a protocol table (17 rows) gives no two curves one colour;
+    up to the style's cycle the style's colours are kept."""
+    from fedgmr.experiment.plots import curve_colors
+
+    cycle = [f"#0000{i:02x}" for i in range(10)]
+    assert curve_colors(3, cycle) == cycle and curve_colors(10, cycle) == cycle
+    many = curve_colors(17, cycle)
+    assert len(set(many[:17])) == 17 and len(many) == 20
+    assert many[0] == "#1f77b4" and many[10] == "#aec7e8"  # tab20: the dark shades first, then the light ones

@@ -96,6 +96,19 @@ class Curve:
     color: str | None = None
 
 
+def curve_colors(n: int, cycle: Sequence[str]) -> list[str]:
+    """Colours for ``n`` curves: the style's cycle while it has enough, else matplotlib's
+    20-colour ``tab20`` (its ten dark shades first, then the light ones), so that a plot of
+    every method of a table (17 rows) gives no two curves one colour up to 20."""
+    if n <= len(cycle):
+        return list(cycle)
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    tab20 = [to_hex(c) for c in colormaps["tab20"].colors]
+    return tab20[0::2] + tab20[1::2]
+
+
 def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: str, title: str | None = None,
                 vline: float | None = None, right_label: str | None = None, legend_loc: str = "best") -> Path:
     """One figure: a line per curve (with its bands), a dashed right-axis series per curve
@@ -103,7 +116,7 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
     ax2 = ax.twinx() if any(c.dashed is not None for c in curves) else None
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = curve_colors(sum(c.color is None for c in curves), plt.rcParams["axes.prop_cycle"].by_key()["color"])
     cycle = 0
     for c in curves:
         if c.color is None:
