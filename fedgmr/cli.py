@@ -797,7 +797,8 @@ def table(
         if lacking:
             if not runs:
                 raise ConfigError(f"no run logs {metric!r} (personalised metrics need run.personal_eval_every and "
-                                  f"data.client_test_fraction > 0; cluster_purity a clustered method)")
+                                  f"data.client_test_fraction > 0; cluster_purity a clustered method; core_accuracy "
+                                  f"run.level_eval_every)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
         chosen = parse_only(only)

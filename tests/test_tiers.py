@@ -84,3 +84,36 @@ def test_tiers_of_a_fixed_time_run_from_the_command_line(tmp_path: Path):
     assert mixed.returncode != 0 and "not seeds of one configuration" in mixed.stderr and "method" in mixed.stderr
     only = fedgmr_in_process("tiers", str(tmp_path / "runs"), "--only", "method=fedgmr_fixed_time")
     assert only.returncode == 0 and only.stdout == md.stdout
+
+
+def test_core_accuracy_is_the_global_model_under_the_first_levels_mask(tmp_path: Path):
+    """One density for every client: coordinates no client holds keep their initial values
+    in the global model, so its accuracy says nothing of the sub-model they train; the
+    table's core_accuracy reads level_accuracy[0], the model under the clients' mask."""
+    cfg = tmp_path / "core.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(
+        method="fedgmr_wo_gmr", clients={"num_clients": 10, "heterogeneity": "none"},
+        submodel={"ladder": [0.3]}, coordination={"mode": "sync"},
+        run={"max_steps": None, "max_time": 120.0, "eval_every": None, "eval_interval": 10.0,
+             "level_eval_every": 1})))
+    out = tmp_path / "runs" / "core"
+    assert fedgmr_in_process("run", str(cfg), "--out", str(out), "-q").returncode == 0
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["levels"] == [0.3] for r in recs)
+    core = fedgmr_in_process("table", str(tmp_path / "runs"), "--t-star", "100", "--metric", "core_accuracy",
+                             "--format", "csv")
+    assert core.returncode == 0, core.stderr
+    window = [r["level_accuracy"][0] for r in recs if 0 <= r["time"] < 200]
+    header, row = core.stdout.strip().splitlines()[:2]
+    cols = dict(zip(header.split(","), row.split(",")))
+    mean = next(float(v) for k, v in cols.items() if k.startswith("mean") or "t* = 100" in k)
+    assert mean == pytest.approx(sum(window) / len(window), abs=1e-9)
+    plain = fedgmr_in_process("table", str(tmp_path / "runs"), "--t-star", "100", "--metric", "core_accuracy")
+    assert plain.returncode == 0 and "core_accuracy" in plain.stdout
+    missing = tmp_path / "plain"
+    missing.mkdir()
+    cfg2 = tmp_path / "p.yaml"
+    cfg2.write_text(yaml.safe_dump(tiny_config(run={"max_steps": 4, "eval_every": 2})))
+    assert fedgmr_in_process("run", str(cfg2), "--out", str(missing / "r"), "-q").returncode == 0
+    none = fedgmr_in_process("table", str(missing), "--t-star", "2", "--metric", "core_accuracy")
+    assert none.returncode != 0 and "run.level_eval_every" in none.stderr

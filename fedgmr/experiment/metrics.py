@@ -68,6 +68,8 @@ def _mechanism(name: str, description: str, *, counter: bool = False) -> TableMe
 #: staleness, server steps, uploads, megabytes, restorations), which every run logs
 TABLE_METRICS: dict[str, TableMetric] = {m.name: m for m in (
     TableMetric("accuracy", "the global model's test accuracy"),
+    TableMetric("core_accuracy", "the global model under the mask of the ladder's first level (run.level_eval_every): "
+                "with one density for every client, the sub-model they all train and the model they would use"),
     TableMetric("personal_accuracy", "mean over clients of each client's own model on its own test split"),
     TableMetric("personal_worst10", "mean of the worst 10 % of the clients' personal accuracies"),
     TableMetric("personal_std", "std over clients of the personal accuracies (lower is better)",
@@ -118,7 +120,12 @@ def _megabytes(key: str) -> Any:
 
 #: table metrics computed from other record keys (the rest are read as logged; a record's
 #: ``step`` is the ``steps`` series)
-DERIVED_METRICS: dict[str, Any] = {"coverage_none": _coverage_none, "mb_up": _megabytes("bytes_up"),
+def _core_accuracy(row: dict[str, Any]) -> Any:
+    levels = row.get("level_accuracy")
+    return levels[0] if isinstance(levels, list) and levels else None
+
+
+DERIVED_METRICS: dict[str, Any] = {"coverage_none": _coverage_none, "core_accuracy": _core_accuracy, "mb_up": _megabytes("bytes_up"),
                                    "mb_down": _megabytes("bytes_down"), "steps": lambda row: row.get("step")}
 
 
@@ -141,8 +148,9 @@ def metric_series(rows: Sequence[dict[str, Any]], metric: str, where: str | Path
     values = [(r, metric_value(r, metric)) for r in rows]
     pairs = [(float(r["time"]), float(v)) for r, v in values if finite_number(v)]
     if not pairs:
-        raise MissingMetricError(f"{where}: no record holds {metric!r} (personalised metrics need run.personal_eval_every "
-                          f"and data.client_test_fraction > 0)")
+        need = ("run.level_eval_every" if metric == "core_accuracy" else
+                "run.personal_eval_every and data.client_test_fraction > 0" if metric.startswith("personal") else None)
+        raise MissingMetricError(f"{where}: no record holds {metric!r}" + (f" (it needs {need})" if need else ""))
     return [t for t, _ in pairs], [a for _, a in pairs]
 
 
