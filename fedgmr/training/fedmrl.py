@@ -30,7 +30,7 @@ from fedgmr.errors import ConfigError
 from fedgmr.models import build_model
 from fedgmr.models.rep import is_representation_model
 from fedgmr.training.client_base import ClientResult
-from fedgmr.training.local import BatchOrder, TrainOutcome, clip_gradients
+from fedgmr.training.local import ModelSGDStep, TrainOutcome, run_local_steps
 from fedgmr.algorithm.losses import task_loss
 
 
@@ -326,23 +326,15 @@ def state_client(state: dict[str, torch.Tensor]) -> int:
 
 def _run_steps(module: nn.Module, opt: torch.optim.SGD, x: torch.Tensor, y: torch.Tensor, settings: Any, seed: int,
                loss_fn: Any) -> tuple[float, int, int]:
-    """``settings.local_steps`` SGD steps on batches drawn as masked local training draws
-    them (a CPU generator seeded by the job); returns (loss sum, steps, batch size)."""
+    """``settings.local_steps`` SGD steps through the one client loop
+    (:func:`~fedgmr.training.local.run_local_steps`, batches drawn as masked local
+    training draws them) with ``loss_fn`` as the loss hook and ``opt``'s state kept (the
+    client's momentum); returns (loss sum, steps, batch size)."""
     if len(y) == 0:
         raise ValueError("cannot train on an empty client data set")
-    device = next(module.parameters()).device
-    batches = BatchOrder(len(y), settings.batch_size, torch.Generator().manual_seed(int(seed)))
-    module.train()
-    total = torch.zeros((), device=device)
-    for _ in range(settings.local_steps):
-        idx = batches.next()
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(x[idx].to(device), y[idx].to(device))
-        loss.backward()
-        clip_gradients(module, settings.clip_grad_norm)
-        opt.step()
-        total += loss.detach()
-    return float(total), settings.local_steps, batches.bs
+    step = ModelSGDStep(module, opt, settings, loss_fn=loss_fn)
+    batches = run_local_steps(x, y, settings.batch_size, seed, settings.local_steps, step.device, step)
+    return float(step.total), settings.local_steps, batches.bs
 
 
 __all__ = ["MRLSpec", "MRLNet", "FedMRLClient", "StandaloneClient", "mrl_spec", "module_macs"]

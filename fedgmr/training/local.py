@@ -11,7 +11,7 @@ decay) the mask is applied inside the step instead, ``p - lr * g * m`` in one pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn as nn
@@ -152,10 +152,6 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         named_buffers = refs.buffers
         for n, b in buffers.items():  # set_buffers
             named_buffers[n].copy_(b)
-    grad_masks = [(params[name], m) for name, m in plan.items()]
-    plan_by_param = {id(p): m for p, m in grad_masks}
-    extra = _term_plan(space, params, plan, start, terms)
-    num_steps = settings.local_steps if steps is None else int(steps)
     if optimizer is None:
         opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                               weight_decay=settings.weight_decay)
@@ -164,36 +160,95 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
         opt.state.clear()  # no momentum carried between jobs
         for group in opt.param_groups:
             group.update(lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
-    gen = torch.Generator().manual_seed(int(seed))  # on the CPU: the same batches on every device
-    batches = BatchOrder(len(y), settings.batch_size, gen)
-    refs.train(model)  # model.train(), unless every module trains already
-    device = _device(refs)
-    total_loss = torch.zeros((), device=device)
-    plain = not settings.momentum and not settings.weight_decay \
-        and settings.clip_grad_norm is None  # clipping needs the masked gradient's norm first
-    # plain SGD with masks: the mask is applied in the step, one pass per parameter
-    # (p - lr * g * m), instead of masking the gradient first and stepping after
-    fused = plain and bool(grad_masks)
-    # plain SGD without masks on the CPU: the very update torch.optim.SGD makes there
-    # (p.add_(g, alpha=-lr), one tensor at a time), without its per-step bookkeeping
-    bare = plain and not grad_masks and device.type == "cpu" and _plain_sgd(opt)
-    opt_params = [p for group in opt.param_groups for p in group["params"]]
-    own_zero_grad = type(opt).zero_grad is torch.optim.Optimizer.zero_grad
+    step = ModelSGDStep(model, opt, settings, grad_masks=plan,
+                        terms=_term_plan(space, params, plan, start, terms))
+    num_steps = settings.local_steps if steps is None else int(steps)
+    batches = run_local_steps(x, y, settings.batch_size, seed, num_steps, step.device, step)
+    # pruned coordinates are still exactly 0.0: zero weight, zero (masked) gradient, so
+    # SGD's weight decay and momentum terms are zero too (tests assert it bit for bit)
+    flat = space.flatten(model)
+    val_score = None
+    if val is not None and len(val[1]) > 0:
+        val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
+    trained_buffers = {n: b.detach().clone() for n, b in refs.buffers.items()}  # get_buffers
+    return TrainOutcome(flat, trained_buffers, float(step.total) / max(num_steps, 1),
+                        len(y), val_score, num_steps * batches.bs, num_steps)
+
+
+LocalStep = Callable[[torch.Tensor, torch.Tensor], None]
+"""One local step on a batch ``(xb, yb)`` already on the training device: forward,
+backward, gradient hooks, clipping, the update (:class:`ModelSGDStep`, or a method's own)."""
+
+
+def run_local_steps(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, num_steps: int,
+                    device: torch.device | str, step: LocalStep) -> BatchOrder:
+    """The one client training loop: ``num_steps`` batches drawn by :class:`BatchOrder`
+    from a CPU generator seeded by ``seed`` (the same batches on every device), each moved
+    to ``device`` and handed to ``step``. Returns the batch order (its ``bs`` is the batch
+    size used). Every client method trains through it; what differs between methods is
+    the ``step`` (:class:`ModelSGDStep` with its hooks, or FjORD's and FIARSE's flat-vector
+    steps in :mod:`fedgmr.baselines.training`)."""
+    if len(y) == 0:
+        raise ValueError("cannot train on an empty client data set")
+    batches = BatchOrder(len(y), batch_size, torch.Generator().manual_seed(int(seed)))
     for _ in range(num_steps):
         idx = batches.next()
-        if own_zero_grad:  # opt.zero_grad(set_to_none=True)
-            for p in opt_params:
+        step(x[idx].to(device), y[idx].to(device))
+    return batches
+
+
+class ModelSGDStep:
+    """One SGD step on ``model``'s parameters with ``opt`` (a :class:`LocalStep`).
+
+    Hooks: ``loss_fn(xb, yb)`` (default: the task loss of ``model(xb)``; FedMRL: the
+    summed loss of its two heads), ``grad_masks`` (parameter name -> float mask, applied
+    to the gradients after backward, or inside the step for plain SGD), ``terms``
+    (:func:`_term_plan`: proximal pulls, SCAFFOLD's correction). The step clips the
+    gradients (``settings.clip_grad_norm``) and steps ``opt``; the optimiser's state is
+    the caller's (masked local training resets it per job, FedMRL restores a client's).
+    :attr:`total` sums the batch losses (a tensor on the model's device)."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, settings: TrainSettings,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 grad_masks: dict[str, torch.Tensor] | None = None, terms: list[tuple[Any, ...]] | None = None) -> None:
+        refs = model_refs(model)
+        params = refs.params
+        self.model, self.opt, self.settings = model, opt, settings
+        self.loss_fn = loss_fn if loss_fn is not None else self._task_loss
+        self.grad_masks = [(params[name], m) for name, m in (grad_masks or {}).items()]
+        self.by_param = {id(p): m for p, m in self.grad_masks}
+        self.terms = terms or []
+        refs.train(model)  # model.train(), unless every module trains already
+        self.device = _device(refs)
+        self.total = torch.zeros((), device=self.device)
+        plain = not settings.momentum and not settings.weight_decay \
+            and settings.clip_grad_norm is None  # clipping needs the masked gradient's norm first
+        # plain SGD with masks: the mask is applied in the step, one pass per parameter
+        # (p - lr * g * m), instead of masking the gradient first and stepping after
+        self.fused = plain and bool(self.grad_masks)
+        # plain SGD without masks on the CPU: the very update torch.optim.SGD makes there
+        # (p.add_(g, alpha=-lr), one tensor at a time), without its per-step bookkeeping
+        self.bare = plain and not self.grad_masks and self.device.type == "cpu" and _plain_sgd(opt)
+        self.opt_params = [p for group in opt.param_groups for p in group["params"]]
+        self.own_zero_grad = type(opt).zero_grad is torch.optim.Optimizer.zero_grad
+
+    def _task_loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        s = self.settings
+        return task_loss(self.model(xb), yb, s.task, s.loss, s.pad_index)
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor) -> None:
+        if self.own_zero_grad:  # opt.zero_grad(set_to_none=True)
+            for p in self.opt_params:
                 p.grad = None
         else:
-            opt.zero_grad(set_to_none=True)
-        loss = task_loss(model(x[idx].to(device)), y[idx].to(device), settings.task, settings.loss,
-                         settings.pad_index)
+            self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(xb, yb)
         loss.backward()
-        if not fused:
-            for p, m in grad_masks:
+        if not self.fused:
+            for p, m in self.grad_masks:
                 if p.grad is not None:  # a layer outside this forward pass has no gradient
                     p.grad.mul_(m)
-        for p, m, anchor, corr, mu in extra:
+        for p, m, anchor, corr, mu in self.terms:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             g = p.grad
@@ -202,21 +257,66 @@ def masked_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
             if corr is not None:  # SCAFFOLD: g - c_i + c, the correction c - c_i given whole
                 g = g + corr if m is None else (g + corr) * m
             p.grad = g
-        clip_gradients(model, settings.clip_grad_norm)
-        if fused or bare:
-            _masked_sgd_step(opt, plan_by_param, settings.lr)
+        clip_gradients(self.model, self.settings.clip_grad_norm)
+        if self.fused or self.bare:
+            _masked_sgd_step(self.opt, self.by_param, self.settings.lr)
         else:
-            opt.step()
-        total_loss += loss.detach()
-    # pruned coordinates are still exactly 0.0: zero weight, zero (masked) gradient, so
-    # SGD's weight decay and momentum terms are zero too (tests assert it bit for bit)
-    flat = space.flatten(model)
-    val_score = None
-    if val is not None and len(val[1]) > 0:
-        val_score, _ = evaluate(model, val[0], val[1], settings.task, settings.pad_index)
-    trained_buffers = {n: b.detach().clone() for n, b in refs.buffers.items()}  # get_buffers
-    return TrainOutcome(flat, trained_buffers, float(total_loss) / max(num_steps, 1),
-                        len(y), val_score, num_steps * batches.bs, num_steps)
+            self.opt.step()
+        self.total += loss.detach()
+
+
+def flat_grad(model: nn.Module, space: ParamSpace) -> torch.Tensor:
+    """``model``'s gradients as one flat vector in ``space``'s layout (zero where a
+    parameter has none)."""
+    named = dict(model.named_parameters())
+    return torch.cat([(named[p.name].grad if named[p.name].grad is not None
+                       else torch.zeros(p.shape, device=named[p.name].device)).reshape(-1) for p in space.params])
+
+
+def flat_backward(model: nn.Module, space: ParamSpace, params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward/backward of ``model`` at the flat weights ``params``: loads them, clears the
+    gradients, computes ``loss_fn(model(xb), yb)`` and returns ``(flat gradient, loss,
+    model output)``. The gradient step of trainers that move a flat vector (FjORD, FIARSE)."""
+    space.load(model, params)
+    for q in model.parameters():
+        q.grad = None
+    out = model(xb)
+    loss = loss_fn(out, yb)
+    loss.backward()
+    return flat_grad(model, space), loss, out
+
+
+class FlatSGD:
+    """SGD on a flat weight vector ``w`` (FjORD, FIARSE): :meth:`step` clips the gradient
+    (:func:`clip_flat`), adds weight decay, momentum, and moves ``w``.
+
+    Why not :class:`ModelSGDStep`'s ``torch.optim.SGD``: these trainers compute their
+    update in separate roundings (``w - lr * g``, ``g + wd * w``, one norm over the whole
+    vector), while ``torch.optim.SGD`` fuses them (``p.add_(g, alpha=-lr)`` and
+    ``g.add(p, alpha=wd)`` are fused multiply-adds on the CPU) and
+    ``clip_grad_norm_`` takes the norm of per-tensor norms; the results would differ in
+    the last bits, so the runs of these baselines would not be reproduced."""
+
+    def __init__(self, w: torch.Tensor, settings: TrainSettings) -> None:
+        self.w, self.settings = w, settings
+        self.momentum = torch.zeros_like(w)
+
+    def step(self, grad: torch.Tensor, decay_mask: torch.Tensor | None = None,
+             step_mask: torch.Tensor | None = None) -> None:
+        """``w <- w - lr * g`` with ``g`` clipped, plus ``weight_decay * w`` (times
+        ``decay_mask``), through momentum; the step is multiplied by ``step_mask``."""
+        s = self.settings
+        grad = clip_flat(grad, s.clip_grad_norm)
+        if s.weight_decay:
+            decay = s.weight_decay * self.w
+            grad = grad + (decay if decay_mask is None else decay * decay_mask)
+        if s.momentum:
+            self.momentum = s.momentum * self.momentum + grad
+            grad = self.momentum
+        update = s.lr * grad
+        self.w = self.w - (update if step_mask is None else update * step_mask)
 
 
 def _device(refs: Any) -> torch.device:
