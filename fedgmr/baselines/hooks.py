@@ -1,7 +1,7 @@
 """Wiring of the baselines into :func:`fedgmr.experiment.build.build_experiment`.
 
 :func:`baseline_setup` looks at the policy a config selected and returns what differs
-from FedGMR's defaults: the client trainer, the strategy class and its extra arguments
+from FedGMR's defaults: the client method, the strategy class and its extra arguments
 (label split, static-BN statistics), the simulator class (structured payload sizes), the
 aggregation rule (FIARSE's server learning rate) and the ladder's reported densities.
 Everything else (server, buffer, staleness, GMR, IMS, virtual clock) is shared.
@@ -22,7 +22,7 @@ from fedgmr.algorithm.restoration import DensityLadder
 from fedgmr.baselines.policies import FiarsePolicy, OrderedDropoutPolicy, RollingPolicy, WidthPolicy
 from fedgmr.baselines.server import (BaselineStrategy, BNStatistics, has_bn,
                                      label_keep_masks)
-from fedgmr.baselines.training import (FiarseTrainer, ModelSpec, OrderedDropoutTrainer, WidthTrainer,
+from fedgmr.baselines.training import (FiarseClient, ModelSpec, OrderedDropoutClient, WidthClient,
                                        spec_options)
 from fedgmr.errors import ConfigError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
@@ -37,7 +37,9 @@ def width_builder(cfg: Any, data: Any) -> ModelSpec:
 class BaselineSetup:
     """What a baseline changes in an experiment's wiring."""
 
-    trainer: Any = None
+    #: the baseline's client method (:mod:`fedgmr.baselines.training`), in place of
+    #: ``local.algorithm``'s: a baseline trains with its own client procedure
+    client_method: Any = None
     strategy_cls: type[MaskedBufferedStrategy] = MaskedBufferedStrategy
     strategy_kwargs: dict[str, Any] = field(default_factory=dict)
     rule: AggregationRule | None = None
@@ -60,7 +62,7 @@ def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, polic
             rule = fiarse_rule(b.server_lr)
         else:
             rule = None
-        return BaselineSetup(trainer=FiarseTrainer(b.threshold_scope), rule=rule,
+        return BaselineSetup(client_method=FiarseClient(b.threshold_scope), rule=rule,
                              densities=policy.level_densities())
     if not isinstance(policy, WidthPolicy):
         return None
@@ -69,9 +71,9 @@ def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, polic
                           densities=policy.level_densities())
     rates, sizes = tuple(policy.rates), tuple(policy.level_sizes())
     if isinstance(policy, OrderedDropoutPolicy):
-        setup.trainer = OrderedDropoutTrainer(spec, rates, sizes, policy.p_values, b.distill)
+        setup.client_method = OrderedDropoutClient(spec, rates, sizes, policy.p_values, b.distill)
     else:
-        setup.trainer = WidthTrainer(spec, rates, sizes, b.scaler, b.label_split and data.task == "classification")
+        setup.client_method = WidthClient(spec, rates, sizes, b.scaler, b.label_split and data.task == "classification")
         if b.label_split and data.task == "classification":
             y = data.train.y
             setup.strategy_kwargs["label_keep"] = label_keep_masks(

@@ -1,39 +1,48 @@
-"""Client trainers of the baselines (plugged into :class:`~fedgmr.sim.executor.ClientWorkload`).
+"""Client methods of the width baselines and FIARSE (the workload's one extension point,
+:class:`~fedgmr.training.client_base.ClientMethod`; :func:`fedgmr.baselines.hooks.baseline_setup`
+picks one for a ``submodel.policy``).
 
-A trainer is called as ``trainer(workload, job, x, y, val) -> TrainOutcome`` and returns
+Each ``train(workload, job, x, y, val)`` returns a :class:`ClientResult` whose outcome is
 the full flat vector (zero outside the job's mask), so the workload's reply code (values
-at the mask, deltas) is shared by every method.
+at the mask, deltas) is shared by every method. All three are stateless and exchange no
+extras; they train through the one client loop (:func:`~fedgmr.training.local.run_local_steps`).
 
-* :class:`WidthTrainer` (HeteroFL, FedRolex) extracts the width-``r`` sub-model the job's
-  mask describes, trains that smaller model (scaler, static BatchNorm, label-split logit
-  masking) and scatters its weights back.
-* :class:`OrderedDropoutTrainer` (FjORD) samples one width per batch from the tier's
+* :class:`WidthClient` (HeteroFL, FedRolex) extracts the width-``r`` sub-model the job's
+  mask describes, trains that smaller model with masked local SGD (scaler and label-split
+  logit masking as forward hooks; static BatchNorm) and scatters its weights back.
+* :class:`OrderedDropoutClient` (FjORD) samples one width per batch from the tier's
   allowed set and trains that width's sub-model; gradients land on the tier's ``p_max``
   weights, optionally with self-distillation from ``p_max``.
-* :class:`FiarseTrainer` trains the full model with FIARSE's shrinking masks and
+* :class:`FiarseClient` trains the full model with FIARSE's shrinking masks and
   threshold-controlled gradient.
 
-Trainers hold only picklable configuration; model caches are rebuilt lazily per process.
+FjORD and FIARSE move a flat weight vector (:class:`~fedgmr.training.local.FlatSGD`),
+not the model's parameters through ``torch.optim.SGD``: their update is computed in
+separate roundings, which the optimiser's fused kernels would change in the last bits.
+
+Methods hold only picklable configuration; model caches are rebuilt lazily per process.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fedgmr.algorithm.losses import task_loss
 from fedgmr.algorithm.params import ParamSpace, get_buffers, set_buffers
 from fedgmr.baselines import fiarse_math
 from fedgmr.baselines.policies import allowed_widths
 from fedgmr.baselines.structure import WidthStructure
 from fedgmr.models import build_model
 from fedgmr.models.scaler import attach_scaler
+from fedgmr.training.client_base import ClientResult
 from fedgmr.training.evaluate import evaluate
-from fedgmr.training.local import BatchOrder, TrainOutcome, TrainSettings, clip_flat, masked_local_training
-from fedgmr.algorithm.losses import task_loss
+from fedgmr.training.local import (FlatSGD, TrainOutcome, TrainSettings, flat_backward, masked_local_training,
+                                   run_local_steps)
 
 
 @dataclass(frozen=True)
@@ -51,14 +60,33 @@ class ModelSpec:
         return build_model(self.name, self.num_classes, self.input_shape, width=width, **opts)
 
 
-def _flat_grad(model: nn.Module, space: ParamSpace) -> torch.Tensor:
-    named = dict(model.named_parameters())
-    return torch.cat([(named[p.name].grad if named[p.name].grad is not None
-                       else torch.zeros(p.shape, device=named[p.name].device)).reshape(-1) for p in space.params])
+class _Stateless:
+    """What the baselines' client methods share: no state between jobs, no extras, and
+    the global model as every client's own."""
+
+    stateful: ClassVar[bool] = False
+    needs_extras: ClassVar[tuple[str, ...]] = ()
+    returns_extras: ClassVar[tuple[str, ...]] = ()
+
+    def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+              val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
+        """Train one job (:meth:`outcome`), nothing beside the model."""
+        return ClientResult(self.outcome(workload, job, x, y, val))
+
+    def outcome(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+        """The trained model: the full flat vector, zero outside ``job.mask``."""
+        raise NotImplementedError
+
+    def personal_model(self, model: nn.Module, space: ParamSpace, params: torch.Tensor,
+                       buffers: dict[str, torch.Tensor],
+                       state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The global model: a stateless client uses what the server sends."""
+        return params, buffers
 
 
 @dataclass
-class _WidthBase:
+class _WidthBase(_Stateless):
     build: ModelSpec
     rates: tuple[float, ...]  # width rate per ladder level
     sizes: tuple[int, ...]  # mask size per level (identifies a job's level)
@@ -84,7 +112,7 @@ class _WidthBase:
 
 
 @dataclass
-class WidthTrainer(_WidthBase):
+class WidthClient(_WidthBase):
     """HeteroFL / FedRolex client: train the actual width-``r`` model.
 
     scaler: divide hidden activations by ``r`` in training (HeteroFL's scaler).
@@ -94,14 +122,15 @@ class WidthTrainer(_WidthBase):
     scaler: bool = True
     label_split: bool = False
 
-    def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
-                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+    def outcome(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
         ws = self.structure(workload)
         rate = self.rate_of(job.mask)
         device = job.start.device
         mask = job.mask if job.mask is not None else torch.ones(ws.space.numel, dtype=torch.bool, device=device)
         sl = ws.slice_from_mask(mask, rate)
         sub, sub_space = ws.model(rate)
+        # the hooks of the shared loop here are forward hooks on the sub-model
         handles = attach_scaler(sub, rate, ws.space.output_layer) if self.scaler else []
         settings: TrainSettings = workload.settings
         if self.label_split and settings.task == "classification":
@@ -131,7 +160,7 @@ def _label_mask_hook(y: torch.Tensor, num_classes: int,
 
 
 @dataclass
-class OrderedDropoutTrainer(_WidthBase):
+class OrderedDropoutClient(_WidthBase):
     """FjORD client: one width per batch, drawn uniformly from the tier's allowed set.
 
     p_values: FjORD's width grid; the tier samples every value below its ``p_max`` and
@@ -143,8 +172,8 @@ class OrderedDropoutTrainer(_WidthBase):
     p_values: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
     distill: bool = False
 
-    def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
-                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+    def outcome(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
         if len(y) == 0:
             raise ValueError("cannot train on an empty client data set")
         ws = self.structure(workload)
@@ -162,31 +191,26 @@ class OrderedDropoutTrainer(_WidthBase):
             if bool((m < 0).any()):
                 raise ValueError(f"width {p} is not nested in the tier's width {rate}")
             maps.append(m)
-        w = job.start[top.gather].clone()
-        momentum = torch.zeros_like(w)
-        gen = torch.Generator().manual_seed(int(job.seed))
+        sgd = FlatSGD(job.start[top.gather].clone(), s)
         pgen = torch.Generator().manual_seed((int(job.seed) * 2654435761 + 1) % (2 ** 63))
-        batches = BatchOrder(len(y), s.batch_size, gen)
         total = 0.0
         last = len(widths) - 1
-        for _ in range(s.local_steps):
-            idx = batches.next()
-            xb, yb = x[idx].to(device), y[idx].to(device)
+
+        def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+            """The per-batch width (and its distillation target) over the shared loop."""
+            nonlocal total
             j = int(torch.randint(len(widths), (1,), generator=pgen))
-            grad = torch.zeros_like(w)
+            grad = torch.zeros_like(sgd.w)
             target = None
             if self.distill and j != last:
-                t_logits, t_loss = self._step(ws, rate, w, maps[last], xb, yb, None, s, grad)
+                t_logits, _ = self._grad(ws, rate, sgd.w, maps[last], xb, yb, None, s, grad)
                 target = F.softmax(t_logits.detach(), dim=-1)
-            _, loss = self._step(ws, widths[j], w, maps[j], xb, yb, target, s, grad)
+            _, loss = self._grad(ws, widths[j], sgd.w, maps[j], xb, yb, target, s, grad)
             total += loss
-            grad = clip_flat(grad, s.clip_grad_norm)
-            if s.weight_decay:
-                grad += s.weight_decay * w
-            if s.momentum:
-                momentum = s.momentum * momentum + grad
-                grad = momentum
-            w -= s.lr * grad
+            sgd.step(grad)
+
+        batches = run_local_steps(x, y, s.batch_size, job.seed, s.local_steps, device, step)
+        w = sgd.w
         val_score = None
         if val is not None and len(val[1]) > 0:
             sub, sub_space = ws.model(rate)
@@ -198,35 +222,33 @@ class OrderedDropoutTrainer(_WidthBase):
                             s.local_steps * batches.bs)
 
     @staticmethod
-    def _step(ws: WidthStructure, p: float, w: torch.Tensor, index: torch.Tensor, xb: torch.Tensor,
+    def _grad(ws: WidthStructure, p: float, w: torch.Tensor, index: torch.Tensor, xb: torch.Tensor,
               yb: torch.Tensor, target: torch.Tensor | None, s: TrainSettings,
               grad: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Forward/backward of the width-``p`` model at ``w[index]``; adds its gradient."""
         model, space = ws.model(p)
-        space.load(model, w[index])
         model.train()
-        for q in model.parameters():
-            q.grad = None
-        logits = model(xb)
-        if target is None:
-            loss = task_loss(logits, yb, s.task, s.loss, s.pad_index)
-        else:
-            loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-        loss.backward()
-        grad.index_add_(0, index, _flat_grad(model, space))
+
+        def loss_fn(logits: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+            if target is None:
+                return task_loss(logits, yb, s.task, s.loss, s.pad_index)
+            return -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+        g, loss, logits = flat_backward(model, space, w[index], xb, yb, loss_fn)
+        grad.index_add_(0, index, g)
         return logits, float(loss.detach())
 
 
 @dataclass
-class FiarseTrainer:
+class FiarseClient(_Stateless):
     """FIARSE client: full model, masks recomputed from the moving weights (they only
     shrink), threshold-controlled gradient. ``scope``: ``global`` or ``stage`` thresholds."""
 
     scope: str = "global"
     _groups: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __call__(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
-                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
+    def outcome(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
+                val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome:
         if self._groups is None or self._groups.device != job.start.device:
             self._groups = fiarse_math.score_groups(workload.model, workload.space, self.scope).to(job.start.device)
         return fiarse_local_training(workload.model, workload.space, job.start, job.buffers, job.mask,
@@ -253,37 +275,32 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     groups = groups.to(device)
     scored = groups >= 0
     theta = fiarse_math.thresholds_from_mask(start, extracted, groups)
-    w = start.clone()
+    sgd = FlatSGD(start.clone(), settings)
     m = extracted.clone()
-    momentum = torch.zeros_like(w)
     set_buffers(model, buffers)
     model.train()
-    gen = torch.Generator().manual_seed(int(seed))
-    batches = BatchOrder(len(y), settings.batch_size, gen)
     total = 0.0
-    for _ in range(settings.local_steps):
-        idx = batches.next()
-        space.load(model, w * m)
-        for q in model.parameters():
-            q.grad = None
-        loss = task_loss(model(x[idx].to(device)), y[idx].to(device), settings.task, settings.loss,
-                         settings.pad_index)
-        loss.backward()
-        g = _flat_grad(model, space) * m
+
+    def loss_fn(out: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return task_loss(out, yb, settings.task, settings.loss, settings.pad_index)
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+        """FIARSE's masked forward, threshold-controlled gradient and shrinking mask."""
+        nonlocal m, total
+        w = sgd.w
+        g, loss, _ = flat_backward(model, space, w * m, xb, yb, loss_fn)
+        g = g * m
         kept = (scored & m).nonzero().squeeze(1)  # one scan; boolean indexing scanned four times
         g.index_copy_(0, kept, g.index_select(0, kept) * fiarse_math.multiplier(w.index_select(0, kept),
                                                                                 theta.index_select(0, kept)))
-        g = clip_flat(g, settings.clip_grad_norm)
-        if settings.weight_decay:
-            g = g + settings.weight_decay * w * m
-        if settings.momentum:
-            momentum = settings.momentum * momentum + g
-            g = momentum
-        w = w - settings.lr * g * extracted
-        m = m & ~(scored & (w.abs() < theta))
+        sgd.step(g, decay_mask=m, step_mask=extracted)
+        m = m & ~(scored & (sgd.w.abs() < theta))
         total += float(loss.detach())
         if on_step is not None:
             on_step(m.clone())
+
+    batches = run_local_steps(x, y, settings.batch_size, seed, settings.local_steps, device, step)
+    w = sgd.w
     space.load(model, w * m)
     val_score = None
     if val is not None and len(val[1]) > 0:
@@ -297,5 +314,5 @@ def spec_options(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
 
 
-__all__ = ["ModelSpec", "WidthTrainer", "OrderedDropoutTrainer", "FiarseTrainer", "fiarse_local_training",
+__all__ = ["ModelSpec", "WidthClient", "OrderedDropoutClient", "FiarseClient", "fiarse_local_training",
            "spec_options"]

@@ -174,13 +174,13 @@ def client_splits(cfg: ExperimentConfig, data: FederatedData, partition: Partiti
 
 
 def build_workload(cfg: ExperimentConfig, data: FederatedData, partition: Partition,
-                   trainer: Any = None) -> ClientWorkload:
-    """The client side of a run: each client's data shards, one model to train on and the
-    configured client method (``local.algorithm``)."""
+                   client_method: Any = None) -> ClientWorkload:
+    """The client side of a run: each client's data shards, one model to train on and its
+    client method: ``client_method`` when given (a width baseline's), else the configured
+    one (``local.algorithm``)."""
     splits = client_splits(cfg, data, partition)
     return ClientWorkload(model_factory(cfg, data), splits.train, splits.val, train_settings(cfg, data),
-                          trainer=trainer,
-                          client_method=None if trainer is not None else bound_client_method(cfg, data))
+                          client_method=client_method if client_method is not None else bound_client_method(cfg, data))
 
 
 def wants_client_validation(cfg: ExperimentConfig) -> bool:
@@ -284,7 +284,7 @@ def _server_parts(cfg: ExperimentConfig, data: FederatedData, partition: Partiti
                   baseline: Any) -> tuple[list[ServerPart], torch.Tensor | None]:
     """What each part of ``cfg`` asks of the server (:func:`compose_strategy` takes them
     together), and the proxy data distillation loaded (None when it distils nothing)."""
-    if baseline is not None and baseline.trainer is not None \
+    if baseline is not None and baseline.client_method is not None \
             and (cfg.local.algorithm != "sgd" or cfg.local.stragglers > 0):
         what = (f"local.algorithm {cfg.local.algorithm!r}" if cfg.local.algorithm != "sgd"
                 else "local.stragglers")
@@ -489,7 +489,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     rule = _rule(cfg, baseline)
     parts, proxy = _server_parts(cfg, data, partition, model, space, factory, streams, device, baseline)
     strategy = _strategy(cfg, parts, space, params, buffers, policy, ladder, rule, partition)
-    workload = build_workload(cfg, data, partition, baseline.trainer if baseline is not None else None)
+    workload = build_workload(cfg, data, partition, baseline.client_method if baseline is not None else None)
     workload.choice_samples = cfg.clustering.loss_samples  # IFCA's loss on at most this many samples
     attach_public(cfg, workload, proxy)
     method = workload.client_method

@@ -84,15 +84,6 @@ class JobResult:
         return replace(self, values=values, buffers=buffers, state=state, extras=extras)
 
 
-class ClientTrainer(Protocol):
-    """A pluggable client procedure (the baselines' trainers): called as
-    ``trainer(workload, job, x, y, val)``, returns a :class:`TrainOutcome` whose ``params``
-    is the full flat vector, zero outside ``job.mask``. Must be picklable."""
-
-    def __call__(self, workload: "ClientWorkload", job: TrainJob, x: torch.Tensor, y: torch.Tensor,
-                 val: tuple[torch.Tensor, torch.Tensor] | None) -> TrainOutcome: ...
-
-
 class ClientWorkload:
     """The client side of a simulation: each client's data and one model instance to
     train on (reused for every job; only its parameters change).
@@ -103,12 +94,12 @@ class ClientWorkload:
 
     def __init__(self, model_factory: Callable[[], nn.Module], client_data: list[tuple[torch.Tensor, torch.Tensor]],
                  client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
-                 trainer: "ClientTrainer | None" = None, client_method: Any = None) -> None:
+                 client_method: Any = None) -> None:
         self.device = torch.device("cpu")
         self.model = model_factory()
-        #: a method's own client procedure (baselines); None = masked local training
-        self.trainer = trainer
-        #: the client half of a method (fedgmr.training.client_methods; None: masked local SGD)
+        #: the client half of a method, the one client extension point
+        #: (:class:`fedgmr.training.client_base.ClientMethod`: fedgmr.training.client_methods,
+        #: the baselines' fedgmr.baselines.training; None: masked local SGD)
         self.client_method = client_method
         self.space = ParamSpace(self.model)
         self.client_data = client_data
@@ -153,10 +144,8 @@ class ClientWorkload:
         extras: dict[str, torch.Tensor] = {}
         raw: dict[str, torch.Tensor] = {}  # vectors sent as they are (FedMD's logits)
         buffers_sent: tuple[str, ...] | None = None
-        method = getattr(self, "client_method", None)
-        if getattr(self, "trainer", None) is not None:
-            out = self.trainer(self, job, x, y, val)
-        elif method is not None:
+        method = self.client_method
+        if method is not None:
             res = method.train(self, job, x, y, val)
             out, state, extras, buffers_sent = res.outcome, res.state, res.extras, res.send_buffers
             raw = res.raw_extras

@@ -1,4 +1,4 @@
-"""Client trainers of FjORD and FIARSE, and the server-side static BatchNorm pass."""
+"""Client methods of FjORD and FIARSE, and the server-side static BatchNorm pass."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fedgmr.baselines import fiarse_math
 from fedgmr.baselines.policies import FiarsePolicy, OrderedDropoutPolicy
 from fedgmr.baselines.server import BNStatistics
 from fedgmr.baselines.structure import WidthStructure
-from fedgmr.baselines.training import (FiarseTrainer, ModelSpec, OrderedDropoutTrainer, WidthTrainer,
+from fedgmr.baselines.training import (FiarseClient, ModelSpec, OrderedDropoutClient, WidthClient,
                                        fiarse_local_training)
 from fedgmr.training.local import TrainSettings
 
@@ -40,11 +40,11 @@ def test_fjord_with_one_allowed_width_is_plain_sgd_on_the_sub_model():
     s = TrainSettings(lr=0.1, momentum=0.9, weight_decay=1e-3, batch_size=10, local_steps=4)
     x, y = _data()
     sizes = (int(sl.mask.sum()), space.numel)
-    od = OrderedDropoutTrainer(SPEC, (0.5, 1.0), sizes, p_values=(0.5,))
-    plain = WidthTrainer(SPEC, (0.5, 1.0), sizes, scaler=False)
+    od = OrderedDropoutClient(SPEC, (0.5, 1.0), sizes, p_values=(0.5,))
+    plain = WidthClient(SPEC, (0.5, 1.0), sizes, scaler=False)
     start = space.flatten(full)
-    a = od(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None)
-    b = plain(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None)
+    a = od.train(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None).outcome
+    b = plain.train(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None).outcome
     assert torch.allclose(a.params, b.params, atol=1e-5)
 
 
@@ -58,8 +58,8 @@ def test_fjord_trains_only_inside_its_tier_and_distills():
     x, y = _data()
     s = TrainSettings(lr=0.1, batch_size=10, local_steps=6)
     for distill in (False, True):
-        tr = OrderedDropoutTrainer(SPEC, tuple(policy.rates), tuple(policy.level_sizes()), policy.p_values, distill)
-        out = tr(_Workload(SPEC(1.0), s), _Job(space.flatten(full), mask), x, y, None)
+        tr = OrderedDropoutClient(SPEC, tuple(policy.rates), tuple(policy.level_sizes()), policy.p_values, distill)
+        out = tr.train(_Workload(SPEC(1.0), s), _Job(space.flatten(full), mask), x, y, None).outcome
         assert bool((out.params[~mask] == 0).all())
         assert not torch.equal(out.params[mask], space.flatten(full)[mask])
 
@@ -100,7 +100,7 @@ def test_fiarse_stage_thresholds_and_global_threshold():
     assert fiarse_math.score_groups(model, space, "global").max() == 0
 
 
-def test_fiarse_trainer_uses_extracted_thresholds():
+def test_fiarse_client_uses_extracted_thresholds():
     torch.manual_seed(0)
     model = SPEC(1.0)
     space = ParamSpace(model)
@@ -108,7 +108,7 @@ def test_fiarse_trainer_uses_extracted_thresholds():
     policy = FiarsePolicy(space, [0.5, 1.0], params, model)
     s = TrainSettings(lr=0.05, batch_size=10, local_steps=2)
     x, y = _data()
-    out = FiarseTrainer()(_Workload(SPEC(1.0), s), _Job(params, policy.mask(0)), x, y, None)
+    out = FiarseClient().train(_Workload(SPEC(1.0), s), _Job(params, policy.mask(0)), x, y, None).outcome
     assert out.params.shape == params.shape and bool((out.params[~policy.mask(0)] == 0).all())
 
 
@@ -152,7 +152,7 @@ def test_server_bn_pass_is_a_cumulative_average_over_the_split():
 # --- training.clip_grad_norm (HeteroFL's and FedRolex's published client loops clip at 1) ---
 
 def _one_step(s):
-    """One plain-SGD step of each width trainer from the same start: its parameter change."""
+    """One plain-SGD step of each width client method from the same start: its parameter change."""
     torch.manual_seed(0)
     full = SPEC(1.0)
     space = ParamSpace(full)
@@ -162,16 +162,16 @@ def _one_step(s):
     x, y = _data()
     start = space.flatten(full)
     out = {}
-    for name, tr in (("width", WidthTrainer(SPEC, (0.5, 1.0), sizes, scaler=True)),
-                     ("fjord", OrderedDropoutTrainer(SPEC, (0.5, 1.0), sizes, p_values=(0.5,)))):
-        out[name] = tr(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None).params - start * sl.mask
+    for name, tr in (("width", WidthClient(SPEC, (0.5, 1.0), sizes, scaler=True)),
+                     ("fjord", OrderedDropoutClient(SPEC, (0.5, 1.0), sizes, p_values=(0.5,)))):
+        out[name] = tr.train(_Workload(SPEC(1.0), s), _Job(start, sl.mask), x, y, None).outcome.params - start * sl.mask
     policy = FiarsePolicy(space, [0.5, 1.0], start, full)
-    out["fiarse"] = FiarseTrainer()(_Workload(SPEC(1.0), s), _Job(start, policy.mask(0)), x, y, None).params \
+    out["fiarse"] = FiarseClient().train(_Workload(SPEC(1.0), s), _Job(start, policy.mask(0)), x, y, None).outcome.params \
         - start * policy.mask(0)
     return out
 
 
-def test_clip_grad_norm_bounds_every_width_trainers_step_to_lr_times_the_norm():
+def test_clip_grad_norm_bounds_every_width_clients_step_to_lr_times_the_norm():
     free = _one_step(TrainSettings(lr=0.5, batch_size=10, local_steps=1))
     clipped = _one_step(TrainSettings(lr=0.5, batch_size=10, local_steps=1, clip_grad_norm=0.01))
     for name in free:
@@ -212,7 +212,7 @@ def _dense_fiarse_reference(model, space, start, mask, groups, x, y, s, seed):
 
 
 def test_fiarse_local_round_matches_the_plain_dense_round_bit_for_bit():
-    # the trainer's indexed multiplier against the plain dense form of the same round:
+    # the client's indexed multiplier against the plain dense form of the same round:
     # same weights and same masks, to the bit
     torch.manual_seed(3)
     model = SPEC(1.0)

@@ -73,3 +73,33 @@ def test_heterofl_and_fedrolex_clip_at_one_like_their_published_code_and_the_use
     assert train_settings(off, exp.data).clip_grad_norm is None  # 0 switches it off
     fedgmr = resolve_config(tiny_config(method="fedgmr", training={"clip_grad_norm": 2.0}))
     assert train_settings(fedgmr, exp.data).clip_grad_norm == 2.0
+
+
+def test_each_baseline_trains_through_the_one_client_extension_point_and_pickles():
+    import pickle
+
+    import pytest
+
+    from fedgmr.baselines.training import FiarseClient, OrderedDropoutClient, WidthClient
+    from fedgmr.errors import ConfigError
+    from fedgmr.sim.executor import ClientWorkload, TrainJob
+    from fedgmr.training.local import TrainSettings
+
+    assert not hasattr(ClientWorkload(lambda: torch.nn.Linear(2, 2), [], [], TrainSettings()), "trainer")
+    for method, cls in (("heterofl", WidthClient), ("fedrolex", WidthClient), ("fjord", OrderedDropoutClient),
+                        ("fiarse", FiarseClient)):
+        exp = _build(method)
+        workload = exp.executor.workload
+        assert type(workload.client_method) is cls, method  # the workload's client method, nothing beside it
+        assert not workload.client_method.stateful and workload.client_method.needs_extras == ()
+        st = exp.strategy
+        mask = st.policy.mask(0)
+        job = TrainJob(0, 0, 7, st.params, st.buffers, mask)
+        a = workload.run(job)
+        b = pickle.loads(pickle.dumps(workload)).run(job)  # the process pool's and Ray's copy
+        assert torch.equal(a.values, b.values) and a.loss == b.loss, method
+        assert a.values.numel() == int(mask.sum())
+        # a client method of its own and a baseline's: refused in one line
+        with pytest.raises(ConfigError, match=f"submodel.policy '{method}' trains with its own client procedure"):
+            _build(method, local={"algorithm": "scaffold"})
+

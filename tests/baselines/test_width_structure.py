@@ -12,7 +12,7 @@ import torch
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.baselines.policies import RollingPolicy, WidthPolicy
 from fedgmr.baselines.structure import WidthStructure, window
-from fedgmr.baselines.training import ModelSpec, WidthTrainer
+from fedgmr.baselines.training import ModelSpec, WidthClient
 from fedgmr.baselines.wire import decode_structured, encode_structured, structured_nbytes
 from fedgmr.models import build_model
 from fedgmr.models.scaler import attach_scaler
@@ -209,9 +209,9 @@ def test_training_the_small_model_equals_masked_full_training(name):
     ws = WidthStructure(spec, full)
     for shift in (0, 2):
         sl = ws.slice(0.5, shift)
-        trainer = WidthTrainer(spec, (0.5, 1.0), (int(sl.mask.sum()), space.numel), scaler=False)
+        method = WidthClient(spec, (0.5, 1.0), (int(sl.mask.sum()), space.numel), scaler=False)
         start = space.flatten(full)
-        got = trainer(_Workload(spec(1.0), settings), _Job(start, sl.mask), x, y, None)
+        got = method.train(_Workload(spec(1.0), settings), _Job(start, sl.mask), x, y, None).outcome
         ref = masked_local_training(spec(1.0), space, start, {}, sl.mask, x, y, settings, 3)
         assert torch.allclose(got.params, ref.params, atol=1e-5)
         assert bool((got.params[~sl.mask] == 0).all())
