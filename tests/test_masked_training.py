@@ -266,3 +266,65 @@ def test_clip_flat_has_torch_clipping_coefficient():
     p.grad = g.clone()
     torch.nn.utils.clip_grad_norm_([p], 1.0)
     assert torch.allclose(clip_flat(g, 1.0), p.grad)
+
+
+# --- the one client loop (run_local_steps) and its steps -------------------------------
+
+@pytest.mark.parametrize("settings", [TrainSettings(lr=0.05, batch_size=8, local_steps=7),
+                                      TrainSettings(lr=0.05, momentum=0.9, weight_decay=1e-2, batch_size=8,
+                                                    local_steps=7, clip_grad_norm=0.5)])
+def test_model_sgd_step_with_a_loss_hook_is_a_plain_torch_sgd_loop_bit_for_bit(setup, settings):
+    """FedMRL's loop before it went through the shared one: the same weights, momentum
+    kept in the optimiser, the same loss sum, to the bit."""
+    from fedgmr.training.local import BatchOrder, ModelSGDStep, run_local_steps
+
+    model, space, start, _, _, x, y = setup
+
+    def run(shared: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        space.load(model, start)
+        opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                              weight_decay=settings.weight_decay)
+
+        def loss_fn(xb, yb):
+            return F.cross_entropy(model(xb), yb) + 0.5 * F.cross_entropy(model(xb * 0.5), yb)
+
+        if shared:
+            step = ModelSGDStep(model, opt, settings, loss_fn=loss_fn)
+            run_local_steps(x, y, settings.batch_size, 11, settings.local_steps, "cpu", step)
+            total = step.total
+        else:
+            batches = BatchOrder(len(y), settings.batch_size, torch.Generator().manual_seed(11))
+            model.train()
+            total = torch.zeros(())
+            for _ in range(settings.local_steps):
+                idx = batches.next()
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(x[idx], y[idx])
+                loss.backward()
+                if settings.clip_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad_norm)
+                opt.step()
+                total += loss.detach()
+        bufs = [opt.state[p].get("momentum_buffer", torch.zeros(0)) for p in model.parameters()]
+        return space.flatten(model), total, torch.cat([b.reshape(-1) for b in bufs])
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+
+
+def test_flat_sgd_is_the_written_out_update_bit_for_bit():
+    from fedgmr.training.local import FlatSGD, clip_flat
+
+    g = torch.Generator().manual_seed(0)
+    w0, decay_mask, step_mask = torch.randn(50, generator=g), torch.rand(50, generator=g) > 0.3, \
+        torch.rand(50, generator=g) > 0.2
+    s = TrainSettings(lr=0.1, momentum=0.9, weight_decay=1e-2, clip_grad_norm=0.7)
+    sgd = FlatSGD(w0.clone(), s)
+    w, momentum = w0.clone(), torch.zeros(50)
+    for _ in range(3):
+        grad = torch.randn(50, generator=g)
+        sgd.step(grad, decay_mask, step_mask)
+        grad = clip_flat(grad, s.clip_grad_norm) + s.weight_decay * w * decay_mask
+        momentum = s.momentum * momentum + grad
+        w = w - s.lr * momentum * step_mask
+    assert torch.equal(sgd.w, w)

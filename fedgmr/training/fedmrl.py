@@ -330,8 +330,6 @@ def _run_steps(module: nn.Module, opt: torch.optim.SGD, x: torch.Tensor, y: torc
     (:func:`~fedgmr.training.local.run_local_steps`, batches drawn as masked local
     training draws them) with ``loss_fn`` as the loss hook and ``opt``'s state kept (the
     client's momentum); returns (loss sum, steps, batch size)."""
-    if len(y) == 0:
-        raise ValueError("cannot train on an empty client data set")
     step = ModelSGDStep(module, opt, settings, loss_fn=loss_fn)
     batches = run_local_steps(x, y, settings.batch_size, seed, settings.local_steps, step.device, step)
     return float(step.total), settings.local_steps, batches.bs

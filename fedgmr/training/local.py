@@ -6,6 +6,13 @@ masked before the optimiser sees them (a zero weight with a zero gradient gets a
 weight-decay term and a zero momentum buffer). With plain SGD (no momentum, no weight
 decay) the mask is applied inside the step instead, ``p - lr * g * m`` in one pass
 (:func:`_masked_sgd_step`). Buffers are trained normally, never masked.
+
+This module also holds the one client training loop every client method trains
+through: :func:`run_local_steps` draws the batches (:class:`BatchOrder`, seeded by the
+job) and hands each to a step - :class:`ModelSGDStep` (``torch.optim.SGD`` on a
+model's parameters with loss, gradient-mask and gradient-term hooks: masked local
+training, FedMRL's two models) or a method's own (FjORD's per-batch width and FIARSE's
+threshold-controlled gradient, on :class:`FlatSGD`).
 """
 
 from __future__ import annotations
@@ -297,7 +304,10 @@ class FlatSGD:
     vector), while ``torch.optim.SGD`` fuses them (``p.add_(g, alpha=-lr)`` and
     ``g.add(p, alpha=wd)`` are fused multiply-adds on the CPU) and
     ``clip_grad_norm_`` takes the norm of per-tensor norms; the results would differ in
-    the last bits, so the runs of these baselines would not be reproduced."""
+    the last bits, so the runs of these baselines would not be reproduced. (They also sum
+    their batch losses as Python floats, where :class:`ModelSGDStep` sums a float32
+    tensor: the reported loss would change too.) They share the rest of the loop: the
+    batches (:func:`run_local_steps`) and the forward/backward (:func:`flat_backward`)."""
 
     def __init__(self, w: torch.Tensor, settings: TrainSettings) -> None:
         self.w, self.settings = w, settings
