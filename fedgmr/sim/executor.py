@@ -8,7 +8,7 @@ implement the same two methods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -17,7 +17,8 @@ import torch.nn as nn
 from fedgmr.algorithm.maskinfo import gather
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.device import to_device
-from fedgmr.training.local import TrainOutcome, TrainSettings, masked_local_training
+from fedgmr.training.client_base import ClientMethod
+from fedgmr.training.local import TrainSettings, masked_local_training
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class ClientWorkload:
 
     def __init__(self, model_factory: Callable[[], nn.Module], client_data: list[tuple[torch.Tensor, torch.Tensor]],
                  client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
-                 client_method: Any = None) -> None:
+                 client_method: ClientMethod | None = None) -> None:
         self.device = torch.device("cpu")
         self.model = model_factory()
         #: the client half of a method, the one client extension point
