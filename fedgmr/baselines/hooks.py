@@ -20,6 +20,9 @@ from fedgmr.algorithm.params import ParamSpace
 from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder
 from fedgmr.baselines.policies import FiarsePolicy, OrderedDropoutPolicy, RollingPolicy, WidthPolicy
+
+#: the sub-model policies whose methods train with their own client procedure
+BASELINE_POLICIES: tuple[type, ...] = (WidthPolicy, FiarsePolicy)
 from fedgmr.baselines.server import (BaselineStrategy, BNStatistics, has_bn,
                                      label_keep_masks)
 from fedgmr.baselines.training import (FiarseClient, ModelSpec, OrderedDropoutClient, WidthClient,

@@ -183,6 +183,25 @@ def build_workload(cfg: ExperimentConfig, data: FederatedData, partition: Partit
                           client_method=client_method if client_method is not None else bound_client_method(cfg, data))
 
 
+def baseline_client_method(cfg: ExperimentConfig, data: FederatedData, partition: Partition) -> Any:
+    """A width baseline's own client procedure (HeteroFL's and FedRolex's width sub-models,
+    FjORD's ordered dropout, FIARSE's threshold masks) for a client that builds its side
+    alone (a Flower ClientApp); None for every other method. The same object
+    :func:`build_experiment` gives its workload: built from the same seeded model and
+    sub-model policy."""
+    factory_of_policy = POLICIES.get(cfg.submodel.policy)
+    if not (isinstance(factory_of_policy, type) and issubclass(factory_of_policy, baseline_hooks.BASELINE_POLICIES)):
+        return None  # FedGMR's own policies: masked local training, nothing to build
+    streams = Streams.from_seed(cfg.seed)
+    factory = model_factory(cfg, data)
+    model = init_model(factory, streams.init)
+    space = ParamSpace(model, prune_output=cfg.submodel.prune_output)
+    params = space.flatten(model)
+    policy = _policy(cfg, space, params, model, data.train.x[:1], baseline_hooks.width_builder(cfg, data))
+    baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory, "cpu")
+    return None if baseline is None else baseline.client_method
+
+
 def wants_client_validation(cfg: ExperimentConfig) -> bool:
     """Whether clients score their local model (per-client GMR monitors)."""
     return cfg.data.client_val_fraction > 0 and cfg.restoration.per_client_patience is not None

@@ -69,11 +69,14 @@ def workload_for(cfg: ExperimentConfig) -> ClientWorkload:
     if key not in _WORKLOADS:
         from fedgmr.data import load_dataset
         from fedgmr.device import resolve_device
-        from fedgmr.experiment.build import build_workload, client_partition
+        from fedgmr.experiment.build import baseline_client_method, build_workload, client_partition
 
         device = resolve_device(cfg.run.device)  # before the data: a missing GPU fails fast
         data = load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
-        _WORKLOADS[key] = build_workload(cfg, data, client_partition(cfg, data)).to(device)
+        partition = client_partition(cfg, data)
+        # a width baseline trains with its own client procedure, as in the simulator
+        method = baseline_client_method(cfg, data, partition)
+        _WORKLOADS[key] = build_workload(cfg, data, partition, method).to(device)
     return _WORKLOADS[key]
 
 

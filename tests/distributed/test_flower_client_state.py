@@ -111,7 +111,8 @@ def _flower(run_config: dict[str, Any], link: StateLink) -> tuple[BufferedServer
 
 
 @pytest.mark.parametrize("method, extra", [("fedavg", {}), ("scaffold", {}), ("ditto", {}), ("fedbn", _CNN),
-                                           ("feddyn", {}), ("fednova", {})])
+                                           ("feddyn", {}), ("fednova", {}), ("heterofl", {}), ("fedrolex", {}),
+                                           ("fjord", {}), ("fiarse", {})])
 def test_sync_flower_rounds_equal_the_simulators_with_client_state_and_extras(tmp_path, method, extra):
     run_config = _run_config(tmp_path, method, **extra)
     cfg = load_run_config(run_config)
