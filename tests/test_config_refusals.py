@@ -225,3 +225,23 @@ def test_every_preset_still_validates(name: str) -> None:
 def test_legitimate_values_still_resolve(item: str) -> None:
     result = RUNNER.invoke(app, ["config", "quickstart", "--set", item])
     assert result.exit_code == 0, result.stderr
+
+
+def test_batchnorm_statistics_that_no_client_would_ever_aggregate_are_refused():
+    """bn_stats 'full' takes BatchNorm statistics from full-density clients only: with every
+    client on a 0.6 sub-model and no restoration the global model would keep its initial
+    statistics and score at chance, silently; the run is refused in one line. With
+    bn_stats 'all', or a ladder that restoration climbs to 1.0, it runs."""
+    import pytest as _pytest
+
+    from conftest import simulate, tiny_config
+    from fedgmr.errors import ConfigError
+
+    cnn = {"name": "cnn", "options": {}}
+    base = dict(method="fedgmr_wo_gmr", model=cnn, clients={"num_clients": 10, "heterogeneity": "none"},
+                submodel={"ladder": [0.6]}, run={"max_steps": 1, "device": "cpu"})
+    with _pytest.raises(ConfigError, match="no client of this run ever trains the full model"):
+        simulate(tiny_config(**base))
+    simulate(tiny_config(**{**base, "aggregation": {"bn_stats": "all"}}))
+    simulate(tiny_config(**{**base, "method": "fedgmr", "submodel": {"ladder": [0.6, 1.0]}}))  # restored to 1.0
+    simulate(tiny_config(**{**base, "model": {"name": "mlp", "options": {"hidden": [8]}}}))  # no BatchNorm

@@ -183,6 +183,26 @@ def build_workload(cfg: ExperimentConfig, data: FederatedData, partition: Partit
                           client_method=client_method if client_method is not None else bound_client_method(cfg, data))
 
 
+def check_bn_statistics(cfg: ExperimentConfig, model: nn.Module, ladder: DensityLadder, baseline: bool) -> None:
+    """Refuse a FedGMR-policy run whose BatchNorm running statistics would never be
+    aggregated: ``aggregation.bn_stats: full`` takes them from full-density clients only, and
+    with no client on the full model (none starts there and none is ever restored to it)
+    the global model would be evaluated with its initial statistics, at chance, silently."""
+    if baseline or cfg.aggregation.bn_stats != "full" or not get_buffers(model):
+        return
+    from fedgmr.models.scaler import has_batch_norm
+
+    if not has_batch_norm(model):
+        return
+    starts_full = any(ladder.ladder[level] >= 1.0 for level in ladder.levels)
+    reaches_full = cfg.restoration.trigger != "none" and ladder.ladder[-1] >= 1.0
+    if not (starts_full or reaches_full):
+        raise ConfigError(f"aggregation.bn_stats 'full' takes BatchNorm statistics from full-density clients only, "
+                          f"and no client of this run ever trains the full model (ladder "
+                          f"{list(cfg.submodel.ladder)}, restoration.trigger {cfg.restoration.trigger!r}): the global "
+                          f"model would keep its initial statistics; set aggregation.bn_stats to 'all' or 'density'")
+
+
 def baseline_client_method(cfg: ExperimentConfig, data: FederatedData, partition: Partition) -> Any:
     """A width baseline's own client procedure (HeteroFL's and FedRolex's width sub-models,
     FjORD's ordered dropout, FIARSE's threshold masks) for a client that builds its side
@@ -505,6 +525,7 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
         ladder = DensityLadder.from_densities(cfg.submodel.ladder, tiers)
         if baseline is not None:
             ladder = baseline.ladder(ladder)
+    check_bn_statistics(cfg, model, ladder, baseline is not None)
     rule = _rule(cfg, baseline)
     parts, proxy = _server_parts(cfg, data, partition, model, space, factory, streams, device, baseline)
     strategy = _strategy(cfg, parts, space, params, buffers, policy, ladder, rule, partition)
