@@ -135,8 +135,8 @@ def test_scaffold_server_moves_c_by_the_sum_over_all_clients_and_x_by_the_mean()
     wl, s = _strategy(ScaffoldStrategy, n=4)
     x0 = s.params.clone()
     a0, a1 = s.assign(0), s.assign(1)
-    assert a1.extras["c"] is s.c  # one c for every client of a round
-    assert a0.extras["c"] is s.c and a0.reply_extras == ("delta_c",)
+    assert a1.wire.beside["c"] is s.c  # one c for every client of a round
+    assert a0.wire.beside["c"] is s.c and a0.wire.reply_beside == ("delta_c",)
     k = wl.space.numel
     ok = s.receive(Reply(0, 0, x0 + 1.0, 10, extras={"delta_c": torch.full((k,), 4.0)}))
     ok &= s.receive(Reply(1, 0, x0 + 3.0, 10, extras={"delta_c": torch.full((k,), 8.0)}))

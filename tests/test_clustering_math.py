@@ -49,7 +49,8 @@ def test_ifca_hand_computed_round():
     s = _strategy("ifca", 3, [torch.zeros(2), torch.full((2,), 10.0)], true_groups=[0, 0, 1])
     for c in range(3):
         a = s.assign(c)
-        assert a.start[0] is s.models[0] and [p for p, _ in a.alternatives] == [s.models[1]]
+        assert [p for p, _ in a.wire.models] == [s.models[0], s.models[1]]  # every cluster model travels
+        assert a.wire.reply_plain == 2  # and a loss per model comes back
     assert s.receive(_reply(s, 0, [1.0, 2.0], 1, [0.1, 0.7]))
     assert s.receive(_reply(s, 1, [3.0, 4.0], 3, [0.2, 0.3]))
     assert s.receive(_reply(s, 2, [12.0, 14.0], 5, [0.9, 0.4]))
@@ -115,7 +116,7 @@ def test_cfl_strategy_splits_by_client_id():
     {1, 3}; each half is averaged from the parent model into its own cluster model."""
     s = _strategy("cfl", 4, [torch.zeros(2)], eps1=0.5, eps2=0.5, min_size=2, warmup=0, true_groups=[0, 1, 0, 1])
     for c in range(4):
-        assert s.assign(c).start[0] is s.models[0]
+        assert [p for p, _ in s.assign(c).wire.models] == [s.models[0]]
     ups = {0: [1.0, 0.0], 1: [-1.0, 0.0], 2: [1.0, 0.2], 3: [-1.0, 0.2]}
     for c, v in ups.items():
         assert s.receive(_reply(s, c, v, 1))
@@ -125,7 +126,7 @@ def test_cfl_strategy_splits_by_client_id():
     assert s.splits[0]["into"] == [[0, 2], [1, 3]]
     assert s.record_keys(s.version)["clusters_recovered"] is True
     # the next round: each client gets its own cluster's model
-    assert s.assign(1).start[0] is s.models[1]
+    assert [p for p, _ in s.assign(1).wire.models] == [s.models[1]]
 
 
 def test_cfl_strategy_does_not_split_when_the_mean_update_is_large():

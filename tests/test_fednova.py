@@ -61,7 +61,7 @@ def _reply(c: int, values, n: int, tau) -> Reply:
 def test_strategy_applies_the_normalised_step_and_checks_tau():
     s = _strategy()
     a = s.assign(0)
-    assert a.reply_scalars == 1  # tau travels as one float32 beside the values
+    assert a.wire.reply_plain == 1  # tau travels as one float32 beside the values
     s.assign(1)
     assert s.receive(_reply(0, [3.0, 1.0], 10, 2)) and s.receive(_reply(1, [1.0, 5.0], 30, 4))
     state, tensors = s.state_dict()  # a checkpoint between the replies and the aggregation keeps the taus

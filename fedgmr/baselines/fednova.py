@@ -88,7 +88,8 @@ class FedNovaStrategy(MaskedBufferedStrategy):
     def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
                     changed: bool) -> Assignment:
         a = super()._assignment(client_id, version, level, density, mask, changed)
-        return dataclasses.replace(a, reply_scalars=1)  # tau_i travels as one float32 beside the values
+        # tau_i travels as one float32 beside the values
+        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, reply_plain=1))
 
     def receive(self, reply: Reply) -> bool:
         tau = reply.extras.get("tau") if isinstance(reply.extras, dict) else None

@@ -20,13 +20,16 @@ Replies carry values only: each in-flight instruction remembers the mask it assi
 coordinates the reply carries: ``Assignment.reply_mask``), and the reply is decoded
 against it (a value count other than the mask's is rejected).
 
-Values beside the model travel as the simulator sends them: an assignment's ``extras``
-(SCAFFOLD's ``c``) go down at its mask, the reply brings back its ``reply_extras``
-(``delta_c``) at its values' coordinates and the client method's other extras
-(FedNova's ``tau``: ``reply_scalars`` values in all); each is decoded and checked like
-the values (:func:`~fedgmr.flower.payload.decode_extras`) and counted in ``bytes_down``
-/ ``bytes_up``, 4 bytes a value. Client state never reaches the server: it stays on the
-node (:mod:`fedgmr.flower.client`).
+Values beside the model travel as the simulator sends them (the assignment's
+:class:`~fedgmr.strategy.messages.Wire`): its ``beside`` vectors (SCAFFOLD's ``c``) go
+down at its mask, the reply brings back its ``reply_beside`` vectors (``delta_c``) at its
+values' coordinates and the client method's other extras (FedNova's ``tau``:
+``reply_plain`` values in all); each is decoded and checked like the values
+(:func:`~fedgmr.flower.payload.decode_extras`). ``bytes_down`` / ``bytes_up`` count the
+encoded fields as they are (the model, buffers, mask codes, extras at 4 bytes a value):
+what the simulator's byte rule (:mod:`fedgmr.strategy.wire`) counts, plus what a real
+message carries beside it. Client state never reaches the server: it stays on the node
+(:mod:`fedgmr.flower.client`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from fedgmr.sim.executor import job_seed
 from fedgmr.strategy.coordination import (Coordination, Decision, StepTrigger, after_step, base_record, eval_due,
                                           step_stats)
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.strategy.messages import Assignment
 from fedgmr.training.local import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -118,8 +122,8 @@ class _Flight:
     nbytes: int
     mask: torch.Tensor | None = None  # the reply's coordinates assigned: a values-only reply is decoded against it
     density: float = 1.0  # the assignment's density (the deadline trigger compares them)
-    reply_extras: tuple[str, ...] = ()  # vectors the reply carries beside its values, one value per value
-    reply_scalars: int = 0  # values the reply's other extras hold in all (FedNova's tau: 1)
+    reply_beside: tuple[str, ...] = ()  # vectors the reply carries beside its values, one value per value
+    reply_plain: int = 0  # values the reply's other extras hold in all (FedNova's tau: 1)
 
 
 @dataclass
@@ -167,7 +171,7 @@ class BufferedServerLoop:
     quarantine: when a node's rejected replies quarantine it (default: never).
     client_extras: the names of what the client method sends beside its values
         (``returns_extras``); those an assignment does not ask for at the values'
-        coordinates (``reply_extras``) hold its ``reply_scalars`` values in all.
+        coordinates (``Wire.reply_beside``) hold its ``Wire.reply_plain`` values in all.
     """
 
     def __init__(self, strategy: MaskedBufferedStrategy, link: Link, nodes: list[int], evaluator: Evaluator,
@@ -245,8 +249,8 @@ class BufferedServerLoop:
             _check_carried(a)
             seed = job_seed(self.seed, slot, self.dispatches[slot])
             fields = encode_instruction(slot, a.version, seed, a.consumes, a.mask, self.strategy.params,
-                                        self.strategy.buffers, self.train, self.client_validation, a.extras,
-                                        a.upload_mask)
+                                        self.strategy.buffers, self.train, self.client_validation, a.wire.beside,
+                                        a.wire.reply_coords)
             nbytes = sum(len(v) for v in fields.values() if isinstance(v, bytes))
             # the TTL outlives our own deadline, so a silent client is dropped by the loop
             # (a timeout); the TTL then lets the SuperLink discard the message
@@ -263,7 +267,7 @@ class BufferedServerLoop:
             self.stats.bytes_down += nbytes
             self.stats.downloads += 1
             self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.reply_mask, a.density,
-                                             tuple(a.reply_extras), int(a.reply_scalars))
+                                             tuple(a.wire.reply_beside), int(a.wire.reply_plain))
             self.waiting.discard(slot)
 
     def _timed(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
@@ -356,10 +360,10 @@ class BufferedServerLoop:
 
     def _accept(self, slot: int, flight: _Flight, fields: Any) -> bool:
         """Decode ``fields`` (InvalidUpdateError when malformed) and offer them to the strategy."""
-        loose = tuple(n for n in self.client_extras if n not in flight.reply_extras)
+        loose = tuple(n for n in self.client_extras if n not in flight.reply_beside)
         reply = decode_reply(fields, self.strategy.space.numel, self.strategy.rule.consumes,
-                             self.strategy.buffers, assigned=flight.mask, extras=flight.reply_extras,
-                             loose=loose, loose_total=flight.reply_scalars)
+                             self.strategy.buffers, assigned=flight.mask, extras=flight.reply_beside,
+                             loose=loose, loose_total=flight.reply_plain)
         if reply.client_id != slot:
             known = 0 <= reply.client_id < self.strategy.num_clients
             raise InvalidUpdateError(f"claims to be client {reply.client_id}" if known
@@ -494,13 +498,14 @@ class BufferedServerLoop:
         return self.records
 
 
-def _check_carried(a: Any) -> None:
+def _check_carried(a: Assignment) -> None:
     """Refuse (a bug: the runtime table refuses these configs first) what the payload
-    does not carry: per-client start models, alternative models, plain vectors beside."""
-    if a.start is not None or a.alternatives:
+    does not carry: models other than the global one, vectors sent whole."""
+    w = a.wire
+    if w.models:
         raise NotImplementedError("the Flower payload carries the global model only (no cluster models); "
                                   "fedgmr.runtime_support refuses clustering on Flower")
-    if a.wire_values is not None and (a.extras or a.reply_extras):
+    if w.plain or (w.models == () and (w.beside or w.reply_beside or w.reply_plain)):
         raise NotImplementedError("the Flower payload carries no plain vectors in place of the model (FedMD's "
                                   "logits); fedgmr.runtime_support refuses it on Flower")
 

@@ -21,7 +21,7 @@ Payloads are what a real wire carries (docs/reference.md §6.1):
 A train instruction carries the model version tag the reply must echo; the server uses it
 for staleness and to reject replies for a version it never sent (future or mismatched).
 
-Values beside the model (a strategy's ``Assignment.extras`` down, a client method's
+Values beside the model (an assignment's ``Wire.beside`` vectors down, a client method's
 extras up; docs/distributed.md, "What runs where") travel as ``extra.<name>``
 fields of raw little-endian float32, each validated like the values: its exact count
 (the coordinates it lies on, or the count the server declared), finite, names known.
@@ -203,9 +203,9 @@ class TrainInstruction:
     buffers: dict[str, torch.Tensor]
     settings: TrainSettings
     validate: bool = False
-    #: full-length vectors sent beside the model (SCAFFOLD's ``c``), zero outside ``mask``
+    #: full-length vectors sent beside the model (``Wire.beside``: SCAFFOLD's ``c``), zero outside ``mask``
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: the coordinates the reply carries (None: ``mask``); FedBN leaves BatchNorm out
+    #: the coordinates the reply carries (``Wire.reply_coords``; None: ``mask``); FedBN leaves BatchNorm out
     upload_mask: torch.Tensor | None = None
 
 
@@ -341,9 +341,9 @@ def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
     assignment).
 
     ``extras`` names the vectors the reply must carry beside its values, one per value
-    (the assignment's ``reply_extras``); ``loose`` the others the client method may send
+    (the assignment's ``Wire.reply_beside``); ``loose`` the others the client method may send
     (FedNova's ``tau``), ``loose_total`` values in all (the assignment's
-    ``reply_scalars``); see :func:`decode_extras`. They reach the strategy in
+    ``Wire.reply_plain``); see :func:`decode_extras`. They reach the strategy in
     ``Reply.extras``.
 
     One rule for every field: anything malformed raises :class:`InvalidUpdateError` -

@@ -29,6 +29,7 @@ from fedgmr.strategy.coordination import (Coordination, Decision, StepTrigger, a
                                           step_stats)
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
+from fedgmr.strategy.wire import download_wave, upload_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,6 @@ class ComputeModel:
             frac = 1.0 if mask is None or self.flops_fraction is None else self.flops_fraction(mask)
         speed = 1.0 if self.speeds is None else float(self.speeds[client])
         return self.seconds * frac / speed
-
-
-def _vector_bytes(values: int) -> float:
-    """Bytes of a payload of ``values`` plain float32 values (nothing to send: 0)."""
-    return float(payload_nbytes(values)) if values else 0.0
 
 
 @dataclass
@@ -212,47 +208,25 @@ class Simulator:
         assignments = [self.strategy.assign(c) for c in clients]
         start = self.strategy.params  # replaced by each aggregation, never mutated: no copy
         buffers = self.strategy.buffers
-        # payload blocks: with IMS, level blocks shared by the wave (a block carries its
-        # mask code when some receiver's mask changed); else one payload per client
-        blocks: list[list[int]] = []
-        block_bytes: list[float] = []
-        # vectors sent beside the model (SCAFFOLD's c) travel on the same coordinates
-        vectors = 1 + max((len(a.extras) for a in assignments), default=0)
-        if any(a.wire_values is not None for a in assignments):  # plain vectors (FedMD's logits), one each
-            for a in assignments:
-                blocks.append([len(block_bytes)])
-                block_bytes.append(_vector_bytes(a.wire_values[0] if a.wire_values else 0))
-        elif self.coord.ims and self.strategy.policy.nested \
-                and not any(a.start is not None or a.alternatives for a in assignments):
-            # (per-client models, as a clustered method sends, are not one model's blocks: no multicast)
-            incs = self.strategy.policy.increments()
-            top_changed = max((a.level for a in assignments if a.mask_changed), default=-1)
-            block_bytes = [self._payload(vectors * mask_count(b), b if i <= top_changed else None)
-                           for i, b in enumerate(incs)]
-            blocks = [list(range(a.level + 1)) for a in assignments]
-        else:
-            for a in assignments:
-                blocks.append([len(block_bytes)])
-                models = 1 + len(a.alternatives)  # IFCA: every cluster model travels
-                block_bytes.append(self._payload((vectors + models - 1) * mask_count(a.mask),
-                                                 a.mask if a.mask_changed else None))
-        self.bytes_down += sum(block_bytes[b] for b in sorted({b for bl in blocks for b in bl}))
+        # with IMS, level blocks shared by the wave; else one payload per client (fedgmr.strategy.wire)
+        policy = self.strategy.policy
+        shared_levels = policy.increments if self.coord.ims and policy.nested else None
+        wave = download_wave(assignments, self._payload, shared_levels)
+        self.bytes_down += wave.total
         self.downloads += len(assignments)
-        finish = self.network.download_wave(self.now, clients, blocks, block_bytes)
+        finish = self.network.download_wave(self.now, clients, wave.blocks, wave.block_bytes)
         for a in assignments:
             c = a.client_id
             full_mask = mask_count(a.mask) == a.mask.numel()
-            job_start, job_buffers = a.start if a.start is not None else (start, buffers)
-            job = TrainJob(c, a.version, job_seed(self.seed, c, self.dispatches[c]), job_start, job_buffers,
-                           None if full_mask else a.mask, a.consumes, self.client_validation, a.upload_mask,
-                           dict(a.extras), self.client_states.get(c, {}), a.alternatives)
+            models = a.wire.models or ((start, buffers),)  # none sent: the job starts from the global model
+            job = TrainJob(c, a.version, job_seed(self.seed, c, self.dispatches[c]), models[0][0], models[0][1],
+                           None if full_mask else a.mask, kind=a.consumes, validate=self.client_validation,
+                           upload_mask=a.wire.reply_coords, extras=a.wire.vectors,
+                           state=self.client_states.get(c, {}), alternatives=tuple(models[1:]))
             self.dispatches[c] += 1
             handle = self.executor.submit(job)
-            # values only (the server knows the mask), and any vectors the reply carries beside them
-            up_bytes = (self._payload((1 + len(a.reply_extras)) * mask_count(a.reply_mask)) if a.wire_values is None
-                        else _vector_bytes(a.wire_values[1])) + 4.0 * a.reply_scalars
             train_done = finish[c] + self.compute.time(c, None if full_mask else a.mask)
-            self.in_flight[c] = _InFlight(c, a.version, handle, up_bytes, a.density)
+            self.in_flight[c] = _InFlight(c, a.version, handle, upload_bytes(a, self._payload), a.density)
             self._push(train_done, "upload", c)
 
     def _idle_clients(self) -> list[int]:

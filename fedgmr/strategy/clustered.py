@@ -14,8 +14,8 @@ personalised evaluation) is its cluster's model. The math is
   after each synchronous round a cluster whose updates meet Sattler's criterion is split
   in two by the cosine similarity of the updates, on the coordinates every update holds.
 
-Neither knows the runtime: models travel in :class:`~fedgmr.strategy.messages.Assignment`
-(``start``, ``alternatives``), losses in ``Reply.extras``.
+Neither knows the runtime: models travel in the assignment's
+:class:`~fedgmr.strategy.messages.Wire` (``models``), losses in ``Reply.extras``.
 """
 
 from __future__ import annotations
@@ -205,7 +205,8 @@ class IfcaStrategy(ClusteredStrategy):
                     changed: bool) -> Assignment:
         a = super()._assignment(client_id, version, level, density, mask, changed)
         models = list(zip(self.models, self.model_buffers))
-        return dataclasses.replace(a, start=models[0], alternatives=tuple(models[1:]), reply_scalars=len(models))
+        # every cluster model travels; the reply carries one loss per model
+        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=tuple(models), reply_plain=len(models)))
 
     def receive(self, reply: Reply) -> bool:
         losses = reply.extras.get("model_losses") if isinstance(reply.extras, dict) else None
@@ -258,7 +259,8 @@ class CflStrategy(ClusteredStrategy):
         a = super()._assignment(client_id, version, level, density, mask, changed)
         j = self.clusters[client_id]
         self._dispatched[client_id] = j
-        return dataclasses.replace(a, start=(self.models[j], self.model_buffers[j]))
+        cluster_model = (self.models[j], self.model_buffers[j])
+        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=(cluster_model,)))
 
     def _entry_cluster(self, e: _Entry) -> int:
         return self._dispatched[e.client_id]

@@ -31,7 +31,7 @@ from fedgmr.algorithm.params import ParamSpace, all_finite, set_buffers
 from fedgmr.device import module_device
 from fedgmr.errors import ConfigError, InvalidUpdateError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
-from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +218,10 @@ class FedMDStrategy(MaskedBufferedStrategy):
     def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
                     changed: bool) -> Assignment:
         a = super()._assignment(client_id, version, level, density, mask, False)
-        extras = {} if self.consensus is None else {"consensus": self.consensus}
-        down = 0 if self.consensus is None else self.num_values
-        return dataclasses.replace(a, upload_mask=self._nothing, extras=extras, reply_extras=("logits",),
-                                   wire_values=(down, self.num_values))
+        # no model travels: the consensus goes down whole (once there is one), the logits come back whole
+        plain = {} if self.consensus is None else {"consensus": self.consensus}
+        return dataclasses.replace(a, wire=Wire(models=(), plain=plain, reply_coords=self._nothing,
+                                                reply_plain=self.num_values))
 
     def receive(self, reply: Reply) -> bool:
         z = reply.extras.get("logits") if isinstance(reply.extras, dict) else None

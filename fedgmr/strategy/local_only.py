@@ -25,7 +25,7 @@ class LocalOnlyStrategy(MaskedBufferedStrategy):
         the run's initial weights, which it builds from the seed (as FedMD's clients do),
         so neither the download nor the upload takes bytes or virtual time."""
         a = super()._assignment(client_id, version, level, density, mask, changed)
-        return dataclasses.replace(a, wire_values=(0, 0))
+        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=()))
 
     def upload_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
         return memo(mask, ("upload", "nothing"), lambda: frozen(torch.zeros_like(mask)))

@@ -25,7 +25,7 @@ from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
 from fedgmr.algorithm.staleness import StalenessFn
 from fedgmr.errors import InvalidUpdateError
-from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class MaskedBufferedStrategy:
                     changed: bool) -> Assignment:
         """An assignment (also rebuilt for outstanding jobs when a checkpoint is loaded)."""
         return Assignment(client_id, version, level, density, mask, self.rule.consumes, changed,
-                          self.upload_mask(mask))
+                          Wire(reply_coords=self.upload_mask(mask)))
 
     def upload_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
         """The coordinates a client with ``mask`` uploads (None: all of ``mask``); one

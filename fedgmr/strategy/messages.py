@@ -8,9 +8,48 @@ from typing import Literal
 import torch
 
 
+#: a model as it travels: its flat parameter vector and its buffers
+Model = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What one assignment puts on the wire, each way, in terms no method owns.
+
+    The simulator's byte count (:mod:`fedgmr.strategy.wire`) and the Flower payload read
+    this and nothing else: a method says what it sends by filling these fields, never by
+    adding one. Down: the model(s) at the assignment's mask, the vectors beside them at the
+    same coordinates, and vectors sent whole. Up: the values at the reply's coordinates,
+    the named vectors beside them, and a count of float32 values sent whole.
+    """
+
+    #: the models sent, each whole at the mask; the job starts from the first and, given
+    #: several, trains the one with the lowest loss on its data (IFCA's cluster models).
+    #: None: the global model; ``()``: none travels (the client trains a model it keeps)
+    models: tuple[Model, ...] | None = None
+    #: full-length vectors sent beside the model, each at the mask (SCAFFOLD's ``c``)
+    beside: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: vectors sent whole, not at the mask (FedMD's consensus logits)
+    plain: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the coordinates of the reply's values (None: the mask); FedBN keeps BatchNorm local
+    reply_coords: torch.Tensor | None = None
+    #: names of the vectors the reply carries beside its values, at the same coordinates
+    #: (SCAFFOLD's ``delta_c``)
+    reply_beside: tuple[str, ...] = ()
+    #: float32 values the reply carries whole, beside its values, in all: never scaled by
+    #: network.model_size_mb (IFCA: one loss per model offered; FedNova: tau; FedMD: logits)
+    reply_plain: int = 0
+
+    @property
+    def vectors(self) -> dict[str, torch.Tensor]:
+        """Every vector sent down, by name (what the client's job reads in ``extras``)."""
+        return {**self.beside, **self.plain}
+
+
 @dataclass(frozen=True)
 class Assignment:
-    """What the server sends a client: a model version and the mask to train."""
+    """What the server sends a client: a model version and the mask to train, and what
+    travels with them (:class:`Wire`)."""
 
     client_id: int
     version: int
@@ -21,31 +60,13 @@ class Assignment:
     #: the mask differs from the one the client last held (first contact, restoration,
     #: refresh): the download must carry it; otherwise only values travel
     mask_changed: bool = True
-    #: the coordinates the reply must carry (None: ``mask``); FedBN keeps BatchNorm local
-    upload_mask: torch.Tensor | None = None
-    #: full-length vectors sent beside the model, each counted on the wire at the mask
-    #: (SCAFFOLD's server control variate ``c``)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: names of the vectors the reply must carry beside its values, at the same coordinates
-    reply_extras: tuple[str, ...] = ()
-    #: the model the job starts from, (params, buffers) (None: the global model); a
-    #: clustered method sends each client a cluster model
-    start: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
-    #: more models sent beside ``start``, each a whole model on the wire at the mask (IFCA:
-    #: the other cluster models); the client trains the one with the lowest loss on its
-    #: data and reports every loss (``Reply.extras["model_losses"]``, ``start`` first)
-    alternatives: tuple[tuple[torch.Tensor, dict[str, torch.Tensor]], ...] = ()
-    #: float32 scalars the reply carries beside its values, in the same payload, never scaled
-    #: by network.model_size_mb (IFCA: one loss per model offered)
-    reply_scalars: int = 0
-    #: (values down, values up) when what travels is not the model on the mask but plain
-    #: vectors (FedMD's logits): counted as they are, never scaled by network.model_size_mb
-    wire_values: tuple[int, int] | None = None
+    #: what travels each way beside the version and the mask
+    wire: Wire = field(default_factory=Wire)
 
     @property
     def reply_mask(self) -> torch.Tensor:
         """The coordinates of the reply's values."""
-        return self.mask if self.upload_mask is None else self.upload_mask
+        return self.mask if self.wire.reply_coords is None else self.wire.reply_coords
 
 
 @dataclass

@@ -48,7 +48,7 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
     def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
                     changed: bool) -> Assignment:
         a = super()._assignment(client_id, version, level, density, mask, changed)
-        return dataclasses.replace(a, extras={"c": self.c}, reply_extras=("delta_c",))
+        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, beside={"c": self.c}, reply_beside=("delta_c",)))
 
     def receive(self, reply: Reply) -> bool:
         a = self._outstanding.get(reply.client_id) if isinstance(reply.client_id, int) else None

@@ -213,8 +213,8 @@ def _offer(loop: BufferedServerLoop, slot: int, fields: Any) -> bool:
     """Hand ``fields`` to the loop as the reply to a fresh job of ``slot``."""
     a = loop.strategy.assign(slot)
     msg_id = uuid.uuid4().hex
-    loop.in_flight[msg_id] = _Flight(slot, a.version, 0.0, 0, a.reply_mask, a.density, tuple(a.reply_extras),
-                                     int(a.reply_scalars))
+    loop.in_flight[msg_id] = _Flight(slot, a.version, 0.0, 0, a.reply_mask, a.density, tuple(a.wire.reply_beside),
+                                     int(a.wire.reply_plain))
     return loop.handle(_Arrived(msg_id, slot, fields, None, 0))
 
 
@@ -433,7 +433,7 @@ def _scaffold(tmp: Path) -> tuple[BufferedServerLoop, dict[str, Any], dict[str, 
     s = loop.strategy
     a = s.assign(1)
     fields = encode_instruction(1, a.version, 7, a.consumes, a.mask, s.params, s.buffers, loop.train,
-                                extras=a.extras)
+                                extras=a.wire.beside)
     return loop, run_config, train_handler(fields, run_config, {"partition-id": 1}, 1, {})
 
 
