@@ -1186,6 +1186,9 @@ def flower_superexec(
     parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="stop when this process exits"),
     auth_secret_file: Optional[Path] = typer.Option(None, "--superexec-auth-secret-file",
                                                     help="the SuperNode's SuperExec shared secret"),
+    pull_backoff: Optional[float] = typer.Option(None, "--pull-backoff", help="a ClientApp whose message is not "
+                                                 "at the SuperNode yet asks again after at most this many seconds "
+                                                 "(default: Flower's 1 s, doubling to 10 s)"),
 ) -> None:
     """Run a warm SuperExec beside a `flower-supernode --isolation process`: every ClientApp
     task runs in a fork of this process (torch, Flower, FedGMR and, with --warm-config, the
@@ -1208,10 +1211,36 @@ def flower_superexec(
                                   f"{exc.strerror or exc}") from None
             if not secret.strip():
                 raise ConfigError(f"--superexec-auth-secret-file {auth_secret_file} is empty")
+        if pull_backoff is not None and not pull_backoff > 0:
+            raise ConfigError(f"--pull-backoff must be positive, got {pull_backoff}")
         run_warm_superexec(runtime_api_address, insecure, root_certificates, warm_config, seed, poll_interval,
-                           parent_pid, secret)
+                           parent_pid, secret, pull_backoff)
     except FedGMRError as exc:
         _fail(exc)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+
+
+@flower_app.command("supernode", context_settings={"ignore_unknown_options": True})
+def flower_supernode(
+    flower_args: list[str] = typer.Argument(None, metavar="-- FLOWER_SUPERNODE_ARGS",
+                                            help="flower-supernode's own arguments, after `--` (`-- --help` "
+                                            "lists them)"),
+    poll_interval: float = typer.Option(0.2, "--poll-interval", help="the longest sleep of the SuperNode's loop, "
+                                        "in seconds (Flower 1.42: 3 s idle, 0.5 s waiting for a reply)"),
+) -> None:
+    """Run Flower's flower-supernode in this process with its fixed waits (asking the
+    SuperLink for work every 3 s, looking for replies every 0.5 s) shortened to at most
+    --poll-interval; everything else is Flower's. Flower 1.42 only."""
+    from fedgmr.flower.fast_supernode import run_fast_supernode
+
+    if not poll_interval > 0:
+        typer.echo(f"error: --poll-interval must be positive, got {poll_interval}", err=True)
+        raise typer.Exit(2)
+    logging.getLogger("flwr").propagate = False  # Flower prints its own log lines; not twice
+    try:
+        run_fast_supernode(list(flower_args or []), poll_interval)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)

@@ -22,6 +22,13 @@ SuperNode's SuperExec today) are started as Flower starts them.
 This uses two Flower internals, both of 1.42: the ``Executor`` protocol of
 ``flwr.supercore.superexec.executor`` and ``run_superexec``'s lookup of ``get_executor``.
 :func:`check_flower_internals` says clearly when an installed Flower lacks them.
+
+With ``pull_backoff`` (``--pull-backoff S``) a ClientApp that asks the SuperNode for its
+message's objects before the SuperNode has them all (the SuperNode hands out the task first,
+then pulls the objects from the SuperLink) retries after at most ``S`` seconds instead of
+Flower's 1 s, doubling up to 10 s: the forks' ``run_clientapp`` module is given a
+``pull_and_inflate_object_from_tree`` with that back-off (a third 1.42 internal, checked by
+:func:`check_pull_internals`), in this process only and put back when the loop ends.
 """
 
 from __future__ import annotations
@@ -58,6 +65,23 @@ def check_flower_internals() -> None:
     if not hasattr(_rs, "get_executor") or not hasattr(_rs, "run_superexec"):
         raise RuntimeError(f"Flower {flwr.__version__}'s run_superexec has no get_executor: the warm SuperExec "
                            "supports Flower 1.42; use flower-superexec with this Flower")
+
+
+def check_pull_internals() -> Any:
+    """Return Flower's ``run_clientapp`` module; raise ``RuntimeError`` when it does not pull
+    a task's message through its global ``pull_and_inflate_object_from_tree`` (1.42)."""
+    import flwr
+    import flwr.supernode.runtime.run_clientapp as rc
+
+    from fedgmr.flower.fast_supernode import _uses
+
+    task_input = getattr(rc, "pull_task_input", None)
+    if (not callable(rc.__dict__.get("pull_and_inflate_object_from_tree")) or task_input is None
+            or not _uses(task_input.__code__, "pull_and_inflate_object_from_tree")):
+        raise RuntimeError(f"Flower {flwr.__version__}'s run_clientapp does not pull a message through "
+                           "pull_and_inflate_object_from_tree: --pull-backoff supports Flower 1.42; leave it out "
+                           "with this Flower")
+    return rc
 
 
 def _exit_code(code: Any) -> int:
@@ -187,9 +211,14 @@ def warm_up(config: str | Path | None = None, seed: int | None = None, torch_thr
 def run_warm_superexec(runtime_api_address: str, insecure: bool = False, root_certificates: str | None = None,
                        warm_config: str | Path | None = None, seed: int | None = None,
                        poll_interval: float | None = None, parent_pid: int | None = None,
-                       superexec_auth_secret: bytes | None = None) -> None:
-    """Run Flower's SuperExec loop with :class:`ForkExecutor` (blocks until stopped)."""
+                       superexec_auth_secret: bytes | None = None, pull_backoff: float | None = None) -> None:
+    """Run Flower's SuperExec loop with :class:`ForkExecutor` (blocks until stopped); with
+    ``pull_backoff``, the forked ClientApps back off at most that long when their message's
+    objects are not at the SuperNode yet."""
     check_flower_internals()
+    if pull_backoff is not None and not pull_backoff > 0:
+        raise ValueError(f"--pull-backoff must be positive, got {pull_backoff}")
+    rc = check_pull_internals() if pull_backoff is not None else None
     if poll_interval is not None:
         os.environ[POLL_ENV] = str(poll_interval)
     else:
@@ -199,6 +228,15 @@ def run_warm_superexec(runtime_api_address: str, insecure: bool = False, root_ce
 
     executor = ForkExecutor()
     rs.get_executor = lambda *args, **kwargs: executor  # Flower's loop, our executor
-    rs.run_superexec(runtime_api_address=runtime_api_address, insecure=insecure,
-                     root_certificates_path=root_certificates, superexec_auth_secret=superexec_auth_secret,
-                     parent_pid=parent_pid)
+    original = rc.__dict__["pull_and_inflate_object_from_tree"] if rc is not None else None
+    if rc is not None:
+        from fedgmr.flower.fast_supernode import capped_backoff
+
+        rc.pull_and_inflate_object_from_tree = capped_backoff(original, pull_backoff)
+    try:
+        rs.run_superexec(runtime_api_address=runtime_api_address, insecure=insecure,
+                         root_certificates_path=root_certificates, superexec_auth_secret=superexec_auth_secret,
+                         parent_pid=parent_pid)
+    finally:
+        if rc is not None:
+            rc.pull_and_inflate_object_from_tree = original
