@@ -1053,10 +1053,11 @@ app.add_typer(flower_app, name="flower")
 
 
 def _print_deployment(directory: Path, nodes: int, superlink: str, connection: str, app_dir: str,
-                      warm_config: Optional[Path] = None) -> None:
+                      warm_config: Optional[Path] = None, fast_poll: Optional[float] = None) -> None:
     from fedgmr.flower.security import deployment_commands
 
-    cmds = deployment_commands(directory, nodes, superlink, connection, app_dir, warm_config=warm_config)
+    cmds = deployment_commands(directory, nodes, superlink, connection, app_dir, warm_config=warm_config,
+                               fast_poll=fast_poll)
     flwr_home = "${FLWR_HOME:-~/.flwr}"
     typer.echo("# 1. server: the SuperLink with TLS and SuperNode authentication\n" + cmds["superlink"][0])
     typer.echo(f"# 2. operator: add this connection to {flwr_home}/config.toml, then register each node's public key\n"
@@ -1081,6 +1082,9 @@ def flower_keys(
     app_dir: str = typer.Option("fedgmr-app", "--app", help="the Flower app project folder"),
     warm_config: Optional[Path] = typer.Option(None, "--warm-config", help="the run's FedGMR config, for the "
                                                "printed `fedgmr flower superexec` lines"),
+    fast_poll: Optional[float] = typer.Option(None, "--fast-poll", help="print `fedgmr flower supernode "
+                                              "--poll-interval S` (Flower's SuperNode, its fixed waits capped at S "
+                                              "seconds) instead of flower-supernode"),
 ) -> None:
     """Write a CA, the SuperLink's TLS certificate and SuperNode key pairs, then print the
     commands that use them. Private keys are mode 0600 and never printed."""
@@ -1090,7 +1094,7 @@ def flower_keys(
         creds = make_credentials(directory, nodes, tuple(hosts) or DEFAULT_HOSTS, days)
         typer.echo(f"# wrote {creds.directory}: ca.crt, server.pem, {nodes} node public key(s) (node-<i>.pub); "
                    f"private keys (mode 0600, keep them secret): ca.key, server.key, node-<i>.key")
-        _print_deployment(creds.directory, nodes, superlink, connection, app_dir, warm_config)
+        _print_deployment(creds.directory, nodes, superlink, connection, app_dir, warm_config, fast_poll)
     except FedGMRError as exc:
         _fail(exc)
 
@@ -1162,11 +1166,14 @@ def flower_commands(
     app_dir: str = typer.Option("fedgmr-app", "--app", help="the Flower app project folder"),
     warm_config: Optional[Path] = typer.Option(None, "--warm-config", help="the run's FedGMR config, for the "
                                                "printed `fedgmr flower superexec` lines"),
+    fast_poll: Optional[float] = typer.Option(None, "--fast-poll", help="print `fedgmr flower supernode "
+                                              "--poll-interval S` (Flower's SuperNode, its fixed waits capped at S "
+                                              "seconds) instead of flower-supernode"),
 ) -> None:
     """Print the flower-superlink / flower-supernode / flwr lines for the keys in DIRECTORY."""
     try:
         _check_keys_folder(directory, nodes)
-        _print_deployment(directory, nodes, superlink, connection, app_dir, warm_config)
+        _print_deployment(directory, nodes, superlink, connection, app_dir, warm_config, fast_poll)
     except FedGMRError as exc:
         _fail(exc)
 

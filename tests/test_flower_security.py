@@ -102,6 +102,35 @@ def test_commands_name_the_files_and_parse_with_flowers_flags(tmp_path):
         deployment_commands(d, 1, "nohost")
 
 
+def test_fast_poll_commands_wrap_the_same_supernode_arguments(tmp_path):
+    d = tmp_path / "keys"
+    plain = deployment_commands(d, 2, "10.0.0.5:9093", warm_config=tmp_path / "run.yaml")
+    fast = deployment_commands(d, 2, "10.0.0.5:9093", warm_config=tmp_path / "run.yaml", fast_poll=0.2)
+    for p_line, f_line in zip(plain["supernodes"], fast["supernodes"]):
+        p_args, f_args = shlex.split(p_line), shlex.split(f_line)
+        # Flower's own flower-supernode arguments, after `--`, unchanged
+        assert f_args[:6] == ["fedgmr", "flower", "supernode", "--poll-interval", "0.2", "--"]
+        assert f_args[6:] == p_args[1:]
+    for p_line, f_line in zip(plain["superexecs"], fast["superexecs"]):
+        assert shlex.split(f_line) == shlex.split(p_line) + ["--pull-backoff", "0.2"]
+    assert {k: v for k, v in fast.items() if k not in ("supernodes", "superexecs")} == \
+        {k: v for k, v in plain.items() if k not in ("supernodes", "superexecs")}
+    from fedgmr.cli import app as cli_app
+    import typer.main
+
+    command = typer.main.get_command(cli_app)
+    args = shlex.split(fast["supernodes"][1])
+    ctx = command.make_context("fedgmr", args[1:])
+    parsed = command.get_command(ctx, "flower").get_command(ctx, "supernode").make_context(
+        "supernode", args[3:]).params  # the printed line is the command's
+    assert parsed["poll_interval"] == 0.2 and list(parsed["flower_args"]) == args[6:]
+    exe = shlex.split(fast["superexecs"][1])
+    assert command.get_command(ctx, "flower").get_command(ctx, "superexec").make_context(
+        "superexec", exe[3:]).params["pull_backoff"] == 0.2
+    with pytest.raises(ConfigError, match="positive"):
+        deployment_commands(d, 1, "10.0.0.5:9093", fast_poll=0)
+
+
 def test_cli_writes_the_keys_and_prints_commands_but_no_secret(tmp_path):
     proc = _fedgmr("flower", "keys", "keys", "--nodes", "3", "--superlink", "127.0.0.1:9500", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -39,6 +39,7 @@ installed Flower does not.
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import time as _time
 import types
@@ -163,10 +164,14 @@ def run_fast_supernode(argv: Sequence[str], poll_interval: float | None = None) 
     sic = check_flower_internals()
     from flwr.supernode.cli import flower_supernode
 
+    from flwr.supercore import log
+
     saved = sys.argv
     sys.argv = ["flower-supernode", *argv]
     try:
         with capped_sleeps(cap, sic):
+            log(logging.INFO, "fedgmr flower supernode: Flower %s's flower-supernode, its waits capped at %g s",
+                getattr(sys.modules.get("flwr"), "__version__", "?"), cap)
             flower_supernode()
     finally:
         sys.argv = saved

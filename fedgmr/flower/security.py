@@ -150,7 +150,7 @@ def make_credentials(directory: str | Path, nodes: int, hosts: tuple[str, ...] =
 def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127.0.0.1:9093",
                         connection: str = "secure", app: str = "fedgmr-app",
                         prefix: str = "node", warm_config: str | Path | None = None,
-                        runtime_port: int = 9094) -> dict[str, list[str]]:
+                        runtime_port: int = 9094, fast_poll: float | None = None) -> dict[str, list[str]]:
     """The command lines of a secured deployment using the files in ``directory``:
     ``superlink`` (the server), ``supernodes`` (one per node, partition ``i``, with
     ``--isolation process``), ``superexecs`` (beside each SuperNode, on the same device: the
@@ -161,7 +161,10 @@ def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127
     holds key material. The SuperLink listens on the ``superlink`` host when that is a
     loopback address, else on every interface (``0.0.0.0``). Node ``i``'s Runtime API
     listens on ``127.0.0.1:runtime_port + i``, so every node and its SuperExec can run on
-    one machine as well as on their own devices."""
+    one machine as well as on their own devices. With ``fast_poll`` (seconds) each SuperNode
+    line is ``fedgmr flower supernode --poll-interval S -- <the same flower-supernode
+    arguments>`` (Flower's SuperNode with its fixed waits capped at S) and each SuperExec
+    line gets ``--pull-backoff S``."""
     d = Path(directory).expanduser().resolve()
     host, _, port = superlink.rpartition(":")
     if not host or not port.isdigit():
@@ -172,7 +175,10 @@ def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127
               f"--disable-runtime-dependency-installation --ssl-ca-certfile {q(str(d / 'ca.crt'))} "
               f"--ssl-certfile {q(str(d / 'server.pem'))} --ssl-keyfile {q(str(d / 'server.key'))} "
               "--enable-supernode-auth")
-    supernodes = [f"flower-supernode --superlink {q(superlink)} --root-certificates {q(str(d / 'ca.crt'))} "
+    if fast_poll is not None and not fast_poll > 0:
+        raise ConfigError(f"the fast-polling SuperNodes' poll interval must be positive, got {fast_poll}")
+    launcher = f"fedgmr flower supernode --poll-interval {fast_poll:g} -- " if fast_poll else "flower-supernode "
+    supernodes = [f"{launcher}--superlink {q(superlink)} --root-certificates {q(str(d / 'ca.crt'))} "
                   f"--auth-supernode-private-key {q(str(d / f'{prefix}-{i}.key'))} "
                   f"--node-config {q(f'partition-id={i} num-partitions={nodes}')} --isolation process "
                   f"--port {runtime_port + i}"
@@ -180,8 +186,9 @@ def deployment_commands(directory: str | Path, nodes: int, superlink: str = "127
     warm = f" --warm-config {q(str(Path(warm_config).expanduser().resolve()))}" if warm_config else ""
     if not 1024 <= runtime_port <= 65535 - nodes:
         raise ConfigError(f"runtime ports {runtime_port}..{runtime_port + nodes - 1} are not all in 1024-65535")
+    backoff = f" --pull-backoff {fast_poll:g}" if fast_poll else ""
     superexecs = [f"fedgmr flower superexec --runtime-api-address 127.0.0.1:{runtime_port + i} --insecure{warm}"
-                  for i in range(nodes)]
+                  f"{backoff}" for i in range(nodes)]
     register = [f"flwr supernode register {q(str(d / f'{prefix}-{i}.pub'))} {q(connection)}" for i in range(nodes)]
     config = [f"[superlink.{connection}]", f'address = "{superlink}"',
               f'root-certificates = "{d / "ca.crt"}"']

@@ -432,3 +432,48 @@ def test_scaffold_on_supernodes_keeps_client_state_and_equals_the_simulator(proc
         # simulator's: at most a last-bit difference in the model
         assert f["loss"] == pytest.approx(s["loss"], rel=1e-6, abs=1e-7), (f, s)
     assert flower[-1]["loss"] < flower[0]["loss"]
+
+
+def test_fast_polling_supernodes_run_fedavg_to_the_end(procs, tmp_path):
+    """`fedgmr flower supernode` (Flower's flower-supernode with its fixed waits capped)
+    beside the warm SuperExec (`--pull-backoff`): a short synchronous FedAvg run on three
+    such nodes completes every step, every instruction answered, none rejected or failed."""
+    import re
+
+    port, clients, steps = _free_port(), 3, 4
+    out = tmp_path / "out-fastpoll"
+    raw = tiny_config(method="fedavg", clients={"num_clients": clients},
+                      model={"name": "mlp", "options": {"hidden": [32]}},
+                      training={"lr": 0.1, "local_steps": 5}, run={"max_steps": steps, "eval_every": 1})
+    cfg = tmp_path / "fedavg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    # synchronous rounds with generous timeouts: a step waits for every node
+    app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": steps,
+                                       "reply-timeout": scaled(600.0), "step-timeout": scaled(900.0),
+                                       "max-wall": scaled(900.0), "node-wait": scaled(120.0)})
+    write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
+    _superlink(procs, port, simulation=False)
+    for i in range(clients):
+        api = _free_port()
+        node = procs.start(f"supernode{i}", [str(BIN / "fedgmr"), "flower", "supernode", "--poll-interval", "0.2",
+                                             "--", "--insecure", "--superlink", f"127.0.0.1:{port}", "--host",
+                                             "127.0.0.1", "--port", str(api), "--node-config",
+                                             f"partition-id={i} num-partitions={clients}", "--isolation", "process"])
+        _wait_http(api, node, f"fast-polling supernode {i}")
+        procs.start(f"superexec{i}", [str(BIN / "fedgmr"), "flower", "superexec", "--runtime-api-address",
+                                      f"127.0.0.1:{api}", "--insecure", "--warm-config", str(cfg),
+                                      "--pull-backoff", "0.2"])
+    result = _flwr_run(procs, app, "loop", out, timeout=1000)
+    print("fast-polling supernodes:", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
+    assert result["nodes"] == clients and result["steps"] == steps and result["status"] == "completed"
+    assert result["rejected_updates"] == 0 and result["client_errors"] == 0 and result["timeouts"] == 0
+    assert result["unanswered"] == 0 and result["uploads"] == clients * steps
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps + 1))
+    for i in range(clients):
+        log = procs.log(f"supernode{i}")
+        # Flower's own SuperNode ran, with its waits capped, and exchanged the messages
+        assert "waits capped at 0.2 s" in log and re.search(r"SuperNode ID: \d+", log), log[-3000:]
+        assert log.count("Sent successfully") >= steps, log[-3000:]
+        assert "Failed to" not in log, log[-3000:]
+        assert "exited with status" not in procs.log(f"superexec{i}")
