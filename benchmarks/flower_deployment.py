@@ -14,7 +14,10 @@ SGD steps of batch 20, one torch thread per process) with `--nodes` clients, run
   has torch, Flower, FedGMR and the node's data loaded.
 - `warm-fastpoll`: the same, each SuperNode run as `fedgmr flower supernode --poll-interval
   S -- ...` (`--node-poll`, default 0.2 s): Flower's own `flower-supernode` with its fixed
-  waits (3 s between asks for work when idle, 0.5 s between looks for a reply) cut to S.
+  waits (3 s between asks for work when idle, 0.5 s between looks for a reply, 1-10 s
+  back-off on a message's objects) cut to S; and the back-off of the ClientApps (the warm
+  SuperExecs' `--pull-backoff`) and of the ServerApp (the run config's `pull-backoff`) on
+  objects not there yet cut to `--pull-backoff` (default 0.2 s).
 - `simulator`: the same config in the fedgmr simulator (serial executor, in this process):
   the compute alone, without processes or messages.
 
@@ -67,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--node-poll", type=float, default=0.2,
                     help="warm-fastpoll: the SuperNodes' `fedgmr flower supernode --poll-interval`")
     ap.add_argument("--pull-backoff", type=float, default=0.2,
-                    help="warm-fastpoll: the SuperExecs' `--pull-backoff` (0: Flower's, 1 s doubling to 10 s)")
+                    help="warm-fastpoll: the SuperExecs' `--pull-backoff` and the run config's `pull-backoff` "
+                    "(the ServerApp's); 0: Flower's, 1 s doubling to 10 s")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a deployment may take")
     ap.add_argument("--keep", help="keep every deployment's logs and run directory under this folder")
     return ap
@@ -188,9 +192,11 @@ def run_deployment(args: argparse.Namespace, mode: str, cfg_path: Path,
 
     out = root / "run"
     steps = args.warmup + args.steps
-    app = write_app(root / "app", {"config": str(cfg_path), "out-dir": str(out), "num-server-steps": steps,
-                                   "reply-timeout": 300.0, "step-timeout": 300.0, "max-wall": args.timeout,
-                                   "node-wait": 120.0})
+    run_config = {"config": str(cfg_path), "out-dir": str(out), "num-server-steps": steps, "reply-timeout": 300.0,
+                  "step-timeout": 300.0, "max-wall": args.timeout, "node-wait": 120.0}
+    if mode == "warm-fastpoll" and args.pull_backoff:
+        run_config["pull-backoff"] = args.pull_backoff  # the ServerApp's pulls of the replies' objects
+    app = write_app(root / "app", run_config)
     port = _free_port()
     write_flower_config(env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
     try:

@@ -9,7 +9,7 @@ command is checked by resolving the same preset/file and `--set` overrides with
 `fedgmr config` (a full run of a preset takes minutes), with its `--import` modules;
 `fedgmr --version` runs as written; an `evaluate` runs as written on a tiny finished run made where it names one; `fedgmr flower keys|commands` run exactly as written,
 in order in one directory (the keys a `keys` line writes are there for the lines after
-it); a `fedgmr flower superexec` line (a server) is parsed with the command's own options. Placeholders such as `/path/to/...` and `runs/...` directories that need an earlier
+it); a `fedgmr flower superexec` or `fedgmr flower supernode` line (a server) is parsed with the command's own options. Placeholders such as `/path/to/...` and `runs/...` directories that need an earlier
 run are skipped.
 """
 
@@ -120,6 +120,17 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             "superexec", args[2:]).params
         assert params["runtime_api_address"], where
         return
+    elif sub == "flower" and args[1] == "supernode":  # a server: its line parses with the command's options
+        import typer.main
+
+        from fedgmr.cli import app
+
+        command = typer.main.get_command(app)
+        ctx = command.make_context("fedgmr", args[:2])
+        params = command.get_command(ctx, "flower").get_command(ctx, "supernode").make_context(
+            "supernode", args[2:]).params
+        assert params["poll_interval"] > 0 and "--superlink" in params["flower_args"], where
+        return
     elif args[:2] == ["flower", "new-app"]:  # as written, in an empty directory (with the --config it names)
         if "--config" in args:
             (tmp_path / args[args.index("--config") + 1]).write_text("method: fedgmr\nrun: {max_steps: 4}\n")
@@ -134,7 +145,7 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         doc = where.split(": ")[0]
         earlier = [c for w, c in COMMANDS if w.split(": ")[0] == doc and c.startswith("fedgmr flower ")
                    and not c.startswith(("fedgmr flower superexec", "fedgmr flower new-app",
-                                         "fedgmr flower testbed"))]
+                                         "fedgmr flower testbed", "fedgmr flower supernode"))]
         for c in earlier[: earlier.index(cmd) + 1]:
             proc = run_cli(shlex.split(c)[1:], tmp_path)
             assert proc.returncode == 0, f"{where}\n{c}\n{proc.stderr}"

@@ -151,6 +151,49 @@ def test_cli_runs_flowers_entry_point_with_the_arguments_and_the_cap(monkeypatch
     assert sic.time is time  # put back when the SuperNode ended
 
 
+def test_the_serverapps_grid_pull_backoff_is_capped_until_the_link_closes(monkeypatch):
+    import sys
+
+    from fedgmr.errors import ConfigError
+    from fedgmr.flower.adapter import GridLink
+    from fedgmr.flower.run_config import parse_run_config
+
+    calls = []
+
+    def pull_objects(object_ids, pull_object_fn, *, initial_backoff=1, backoff_cap=10):
+        calls.append((initial_backoff, backoff_cap))
+        return {}
+
+    module = types.ModuleType("fake_http_grid")
+    module.pull_objects = pull_objects
+    grid_cls = type("HttpGrid", (), {"__module__": "fake_http_grid"})
+    monkeypatch.setitem(sys.modules, "fake_http_grid", module)
+    link = GridLink(grid_cls(), pull_workers=0)
+    assert link.cap_pull_backoff(0.2)
+    module.pull_objects(["x"], None)  # as HttpGrid.pull_messages calls it
+    assert calls == [(0.2, 0.2)]
+    link.close()
+    assert module.pull_objects is pull_objects  # put back when the run ends
+    # a grid whose module does not pull through pull_objects (the in-memory grid) is left alone
+    plain = types.ModuleType("fake_inmemory_grid")
+    monkeypatch.setitem(sys.modules, "fake_inmemory_grid", plain)
+    assert not GridLink(type("InMemoryGrid", (), {"__module__": "fake_inmemory_grid"})(), pull_workers=0) \
+        .cap_pull_backoff(0.2)
+    assert parse_run_config({"pull-backoff": 0.25}).pull_backoff == 0.25
+    assert parse_run_config({}).pull_backoff is None
+    for bad in (0, -1, float("inf"), True):
+        with pytest.raises(ConfigError, match="'pull-backoff'"):
+            parse_run_config({"pull-backoff": bad})
+
+
+def test_flowers_http_grid_pulls_through_its_module_pull_objects():
+    from flwr.superlink.grid import http_grid
+
+    from fedgmr.flower.fast_supernode import _uses
+
+    assert callable(http_grid.pull_objects) and _uses(http_grid.HttpGrid.pull_messages.__code__, "pull_objects")
+
+
 def test_warm_superexec_pull_backoff_is_checked_and_put_back(monkeypatch):
     import flwr.supernode.runtime.run_clientapp as rc
 

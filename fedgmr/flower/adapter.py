@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -114,6 +115,24 @@ class GridLink:
                       if pull_workers > 0 else None)
         self._pulls: dict[str, Future[list[Arrived]]] = {}  # instruction id -> its pull in flight
         self._started: dict[str, float] = {}  # instruction id -> when its last pull started
+        self._restore: list[Callable[[], None]] = []  # undo cap_pull_backoff on close
+
+    def cap_pull_backoff(self, seconds: float) -> bool:
+        """Make the grid ask again for a reply's objects that are not at the SuperLink yet
+        after at most ``seconds`` (Flower 1.42's ``HttpGrid.pull_messages`` backs off 1 s,
+        doubling to 10 s, through its module's ``pull_objects``): that module's name is
+        replaced until :meth:`close` (the ServerApp's process runs one run). Returns whether
+        the grid pulls that way; a grid that does not (the simulation runtime's in-memory
+        grid) is left as it is."""
+        from fedgmr.flower.fast_supernode import capped_backoff
+
+        module = sys.modules.get(type(self.grid).__module__)
+        original = module.__dict__.get("pull_objects") if module is not None else None
+        if not callable(original):
+            return False
+        module.pull_objects = capped_backoff(getattr(original, "__wrapped_pull__", original), seconds)
+        self._restore.append(lambda: setattr(module, "pull_objects", original))
+        return True
 
     def node_ids(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -179,6 +198,8 @@ class GridLink:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pulls.clear()
+        while self._restore:
+            self._restore.pop()()
 
 
 # ---------------------------------------------------------------------- apps

@@ -63,6 +63,9 @@ class DeploymentConfig(Section):
     quarantine_after: int = Field(3, ge=0)
     quarantine_window: float = Field(600.0, gt=0)
     quarantine_seconds: float = Field(600.0, gt=0)
+    #: the ServerApp's longest wait before asking again for a reply's objects that are not at
+    #: the SuperLink yet; unset: Flower's back-off (1 s, doubling to 10 s)
+    pull_backoff: float | None = Field(None, gt=0)
 
     @field_validator("out_dir")
     @classmethod

@@ -23,7 +23,9 @@ Acc@t*), and the bounds on one client's influence
 (:func:`~fedgmr.flower.loop.bound_influence`): ``max-samples``, ``max-update-norm``,
 ``update-norm-multiple`` (0 turns a bound off), and the quarantine of repeat offenders
 (:class:`~fedgmr.flower.quarantine.QuarantinePolicy`): ``quarantine-after`` (N invalid
-replies; 0 turns it off), ``quarantine-window`` and ``quarantine-seconds``.
+replies; 0 turns it off), ``quarantine-window`` and ``quarantine-seconds``; ``pull-backoff``
+(seconds: the longest wait before asking again for a reply's objects not yet at the
+SuperLink; unset: Flower's 1 s, doubling to 10 s; :meth:`GridLink.cap_pull_backoff`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,13 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         pkg_log.setLevel(logging.INFO)
     try:
         quarantine = QuarantinePolicy(rc.quarantine_after, rc.quarantine_window, rc.quarantine_seconds)
+        if rc.pull_backoff is not None:
+            if link.cap_pull_backoff(rc.pull_backoff):
+                log.info("pull-backoff: a reply's objects not at the SuperLink yet are asked for again after at "
+                         "most %g s", rc.pull_backoff)
+            else:
+                log.warning("pull-backoff: Flower's %s does not pull through pull_objects; its own back-off "
+                            "stays", type(link.grid).__name__)
         cfg = load_run_config(run_config)
         refuse_client_state(cfg)
         check_against_config(rc, cfg)

@@ -436,8 +436,9 @@ def test_scaffold_on_supernodes_keeps_client_state_and_equals_the_simulator(proc
 
 def test_fast_polling_supernodes_run_fedavg_to_the_end(procs, tmp_path):
     """`fedgmr flower supernode` (Flower's flower-supernode with its fixed waits capped)
-    beside the warm SuperExec (`--pull-backoff`): a short synchronous FedAvg run on three
-    such nodes completes every step, every instruction answered, none rejected or failed."""
+    beside the warm SuperExec (`--pull-backoff`), the ServerApp's object pulls capped too
+    (run config `pull-backoff`): a short synchronous FedAvg run on three such nodes
+    completes every step, every instruction answered, none rejected or failed."""
     import re
 
     port, clients, steps = _free_port(), 3, 4
@@ -450,7 +451,8 @@ def test_fast_polling_supernodes_run_fedavg_to_the_end(procs, tmp_path):
     # synchronous rounds with generous timeouts: a step waits for every node
     app = write_app(tmp_path / "app", {"config": str(cfg), "out-dir": str(out), "num-server-steps": steps,
                                        "reply-timeout": scaled(600.0), "step-timeout": scaled(900.0),
-                                       "max-wall": scaled(900.0), "node-wait": scaled(120.0)})
+                                       "max-wall": scaled(900.0), "node-wait": scaled(120.0),
+                                       "pull-backoff": 0.2})
     write_flower_config(procs.env["FLWR_HOME"], {"loop": {"address": f"127.0.0.1:{port}", "insecure": True}})
     _superlink(procs, port, simulation=False)
     for i in range(clients):
@@ -470,6 +472,8 @@ def test_fast_polling_supernodes_run_fedavg_to_the_end(procs, tmp_path):
     assert result["unanswered"] == 0 and result["uploads"] == clients * steps
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps + 1))
+    assert "pull-backoff: a reply's objects not at the SuperLink yet are asked for again after at most 0.2 s" in \
+        (out / "server.log").read_text()
     for i in range(clients):
         log = procs.log(f"supernode{i}")
         # Flower's own SuperNode ran, with its waits capped, and exchanged the messages
