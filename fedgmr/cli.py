@@ -1091,6 +1091,8 @@ def flower_keys(
     from fedgmr.flower.security import DEFAULT_HOSTS, make_credentials
 
     try:
+        if fast_poll is not None and not fast_poll > 0:  # before any key is written
+            raise ConfigError(f"--fast-poll must be positive, got {fast_poll}")
         creds = make_credentials(directory, nodes, tuple(hosts) or DEFAULT_HOSTS, days)
         typer.echo(f"# wrote {creds.directory}: ca.crt, server.pem, {nodes} node public key(s) (node-<i>.pub); "
                    f"private keys (mode 0600, keep them secret): ca.key, server.key, node-<i>.key")

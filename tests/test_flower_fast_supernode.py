@@ -217,3 +217,21 @@ def test_warm_superexec_pull_backoff_is_checked_and_put_back(monkeypatch):
         warm_exec.run_warm_superexec("127.0.0.1:1", insecure=True, pull_backoff=0.2)
     assert seen == {"patched": True}
     assert rc.pull_and_inflate_object_from_tree is original
+
+
+def test_nonpositive_intervals_are_refused_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedgmr.cli import app
+
+    def one_line(res) -> bool:
+        return (res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+                and res.output.startswith("error:") and "Traceback" not in res.output)
+
+    res = CliRunner().invoke(app, ["flower", "superexec", "--insecure", "--pull-backoff", "0"])
+    assert one_line(res) and "--pull-backoff must be positive" in res.output, res.output
+    res = CliRunner().invoke(app, ["flower", "keys", str(tmp_path / "keys"), "--nodes", "1", "--fast-poll", "-1"])
+    assert one_line(res) and "--fast-poll must be positive" in res.output, res.output
+    assert not (tmp_path / "keys").exists()  # refused before any key was written
+    res = CliRunner().invoke(app, ["flower", "supernode", "--poll-interval", "-0.5", "--", "--insecure"])
+    assert one_line(res) and "--poll-interval must be positive" in res.output, res.output
