@@ -62,15 +62,16 @@ def test_capped_sleeps_restore_on_errors():
 def test_capped_backoff_starts_and_stays_at_the_cap_unless_told():
     calls = []
 
-    def pull(ids, fn, *, max_time=7200, initial_backoff=1, backoff_cap=10):
-        calls.append((initial_backoff, backoff_cap, max_time))
+    def pull(ids, fn, *, max_time=7200, max_tries_per_object=500, initial_backoff=1, backoff_cap=10):
+        calls.append((initial_backoff, backoff_cap, max_time, max_tries_per_object))
         return "pulled"
 
     capped = fs.capped_backoff(pull, 0.2)
     assert capped(["a"], None) == "pulled"
-    assert capped(["a"], None, initial_backoff=0.5) == "pulled"
+    assert capped(["a"], None, initial_backoff=0.5, max_tries_per_object=7) == "pulled"
     assert fs.capped_backoff(pull, 5)(["a"], None) == "pulled"  # a cap above Flower's start keeps its 1 s
-    assert calls == [(0.2, 0.2, 7200), (0.5, 0.2, 7200), (1.0, 5, 7200)]
+    # 500 tries at 0.2 s would give up on a slow upload within 2 minutes: Flower's 2 h time bound stays alone
+    assert calls == [(0.2, 0.2, 7200, None), (0.5, 0.2, 7200, 7), (1.0, 5, 7200, None)]
 
 
 def test_capped_backoff_on_flowers_pull_objects_retries_sooner():
@@ -160,7 +161,7 @@ def test_the_serverapps_grid_pull_backoff_is_capped_until_the_link_closes(monkey
 
     calls = []
 
-    def pull_objects(object_ids, pull_object_fn, *, initial_backoff=1, backoff_cap=10):
+    def pull_objects(object_ids, pull_object_fn, *, max_tries_per_object=500, initial_backoff=1, backoff_cap=10):
         calls.append((initial_backoff, backoff_cap))
         return {}
 

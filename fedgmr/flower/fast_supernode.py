@@ -80,15 +80,21 @@ class CappedTime:
 def capped_backoff(pull: Callable[..., Any], cap: float) -> Callable[..., Any]:
     """``pull`` (Flower's ``pull_objects`` or ``pull_and_inflate_object_from_tree``) with
     its back-off after an object that is not there yet starting at ``min(its default, cap)``
-    and never above ``cap`` (Flower's defaults: 1 s, doubling up to 10 s). Explicit
-    arguments win; the retry limits (``max_time``, ``max_tries_per_object``) are Flower's."""
+    and never above ``cap`` (Flower's defaults: 1 s, doubling up to 10 s). Flower also
+    gives up on an object after 500 tries (``PULL_MAX_TRIES_PER_OBJECT``), which at its
+    back-off is over an hour but at 0.2 s would be under two minutes - too soon for an
+    upload over a slow link - so the number of tries is left unbounded and Flower's time
+    bound (``max_time``, ``PULL_MAX_TIME``: 2 h) alone ends the wait. Explicit arguments win."""
     defaults = pull.__kwdefaults__ or {}
     initial = min(float(defaults.get("initial_backoff", cap)), cap)
+    bounds_tries = "max_tries_per_object" in defaults
 
     @functools.wraps(pull)
     def capped(*args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("initial_backoff", initial)
         kwargs.setdefault("backoff_cap", cap)
+        if bounds_tries:
+            kwargs.setdefault("max_tries_per_object", None)  # Flower's max_time bounds the wait
         return pull(*args, **kwargs)
 
     capped.__wrapped_pull__ = pull  # type: ignore[attr-defined]
