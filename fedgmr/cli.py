@@ -1237,11 +1237,13 @@ def flower_supernode(
                                             help="flower-supernode's own arguments, after `--` (`-- --help` "
                                             "lists them)"),
     poll_interval: float = typer.Option(0.2, "--poll-interval", help="the longest sleep of the SuperNode's loop, "
-                                        "in seconds (Flower 1.42: 3 s idle, 0.5 s waiting for a reply)"),
+                                        "in seconds (Flower 1.42: 3 s idle, 0.5 s waiting for a reply, 1-10 s "
+                                        "back-off on a message's objects)"),
 ) -> None:
     """Run Flower's flower-supernode in this process with its fixed waits (asking the
-    SuperLink for work every 3 s, looking for replies every 0.5 s) shortened to at most
-    --poll-interval; everything else is Flower's. Flower 1.42 only."""
+    SuperLink for work every 3 s, looking for replies every 0.5 s, backing off 1-10 s on a
+    message's objects) shortened to at most --poll-interval; everything else is Flower's.
+    Flower 1.42 only."""
     from fedgmr.flower.fast_supernode import run_fast_supernode
 
     if not poll_interval > 0:
