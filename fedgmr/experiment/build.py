@@ -3,6 +3,7 @@ network and simulator, each with its own seeded random stream."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ from fedgmr.algorithm.staleness import make_staleness
 from fedgmr.baselines import hooks as baseline_hooks
 from fedgmr.config import ExperimentConfig
 from fedgmr.data import FederatedData, Partition, load_dataset, make_partition
+from fedgmr.data.layout import client_ordered, rows, shards
 from fedgmr.device import resolve_device, to_device
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.diagnostics import Diagnostics
@@ -145,9 +147,9 @@ class ClientSplits:
     """Each client's training, validation and test samples (feature-shifted when
     ``data.feature_shift`` is set), and the shared splits the server evaluates on."""
 
-    train: list[tuple[torch.Tensor, torch.Tensor]]
-    val: list[tuple[torch.Tensor, torch.Tensor]]
-    test: list[tuple[torch.Tensor, torch.Tensor]]
+    train: Sequence[tuple[torch.Tensor, torch.Tensor]]  # views of one storage (ClientShards) when client-ordered
+    val: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    test: Sequence[tuple[torch.Tensor, torch.Tensor]]
     global_test: tuple[torch.Tensor, torch.Tensor]
     server_val: tuple[torch.Tensor, torch.Tensor]
 
@@ -155,19 +157,21 @@ class ClientSplits:
 def client_splits(cfg: ExperimentConfig, data: FederatedData, partition: Partition) -> ClientSplits:
     """The samples of every client and of the server, under the configured feature shift."""
     x, y = data.train.x, data.train.y
-    parts = [[(x[idx], y[idx]) for idx in group]
+    # views of the training rows when the partition is laid out in client order (client_ordered)
+    parts = [shards(x, y, group)
              for group in (partition.clients, partition.client_val,
                            partition.client_test or [np.zeros(0, dtype=np.int64)] * len(partition.clients))]
     val_idx = partition.server_val
-    out = ClientSplits(parts[0], parts[1], parts[2], (data.test.x, data.test.y), (x[val_idx], y[val_idx]))
+    out = ClientSplits(parts[0], parts[1], parts[2], (data.test.x, data.test.y), (rows(x, val_idx), rows(y, val_idx)))
     shifts = cfg.data.feature_shift
     if shifts:
         from fedgmr.data.shift import shift_by_client, shift_cycling
 
         lo, hi = float(x.min()), float(x.max())
-        for stream, split in enumerate((out.train, out.val, out.test)):
-            shifted = shift_by_client(shifts, [xi for xi, _ in split], lo, hi, cfg.seed, stream)
-            split[:] = [(xs, yi) for xs, (_, yi) in zip(shifted, split)]
+        out.train, out.val, out.test = (
+            [(xs, yi) for xs, (_, yi) in zip(shift_by_client(shifts, [xi for xi, _ in split], lo, hi, cfg.seed, stream),
+                                             split)]
+            for stream, split in enumerate((out.train, out.val, out.test)))
         out.global_test = (shift_cycling(shifts, data.test.x, lo, hi, cfg.seed, 3), data.test.y)
         out.server_val = (shift_cycling(shifts, out.server_val[0], lo, hi, cfg.seed, 4), out.server_val[1])
     return out
@@ -516,7 +520,10 @@ def build_experiment(cfg: ExperimentConfig, on_record: Callable[[dict[str, Any]]
     buffers = to_device(get_buffers(model), device)
     n = cfg.clients.num_clients
     tiers = tier_densities(cfg.clients.heterogeneity, n)
-    example = data.train.x[:1]
+    example = data.train.x[:1].clone()  # the loaded set's first sample (not a view that would keep it alive)
+    # the training rows in client order, the partition renumbered: every client's shard is a
+    # view of one storage, and the loaded layout is freed unless the caller holds it
+    data, partition = client_ordered(data, partition)
     policy = _policy(cfg, space, params, model, example, baseline_hooks.width_builder(cfg, data))
     baseline = baseline_hooks.baseline_setup(cfg, data, partition, space, policy, factory, device)
     if isinstance(policy, FullModelPolicy):

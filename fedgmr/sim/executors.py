@@ -62,8 +62,9 @@ def _own_model(workload: ClientWorkload) -> ClientWorkload:
     workloads that arrive through torch's multiprocessing pickler (``spawn``) have their
     tensors in shared memory, which every worker would otherwise train at once.
     """
-    data = [t for pair in (*workload.client_data, *workload.client_val) for t in pair]
-    memo: dict[int, Any] = {id(t): t for t in data}
+    shared = (workload.client_data, workload.client_val)  # lists of pairs, or ClientShards (views of one storage)
+    memo: dict[int, Any] = {id(t): t for split in shared for pair in split for t in pair}
+    memo.update({id(split): split for split in shared})
     return copy.deepcopy(workload, memo)
 
 
