@@ -131,4 +131,30 @@ def client_ordered(data: FederatedData, partition: Partition) -> tuple[Federated
     return replace(data, train=train, natural_clients=natural, meta=meta), new_part
 
 
-__all__ = ["ClientShards", "client_ordered", "is_client_ordered", "rows", "shards"]
+def loaded_layout(data: FederatedData) -> tuple[np.ndarray, list[np.ndarray] | None]:
+    """The training labels and natural clients in the loaded data set's row order (as
+    :func:`client_ordered` found them), so that partitioning a client-ordered data set
+    draws the same partition as partitioning the loaded one."""
+    labels = data.train.y.numpy()
+    order = data.meta.get("row_order")
+    if order is None:
+        return labels, data.natural_clients
+    new_pos = np.empty(len(order), dtype=np.int64)
+    new_pos[order] = np.arange(len(order), dtype=np.int64)
+    natural = None if data.natural_clients is None else [order[np.asarray(u, dtype=np.int64)]
+                                                         for u in data.natural_clients]
+    return labels[new_pos], natural
+
+
+def in_current_layout(partition: Partition, data: FederatedData) -> Partition:
+    """``partition`` (indices into the loaded row order) renumbered to ``data``'s rows."""
+    order = data.meta.get("row_order")
+    if order is None:
+        return partition
+    new_pos = np.empty(len(order), dtype=np.int64)
+    new_pos[order] = np.arange(len(order), dtype=np.int64)
+    return Partition([new_pos[g] for g in partition.clients], [new_pos[g] for g in partition.client_val],
+                     new_pos[partition.server_val], [new_pos[g] for g in partition.client_test])
+
+
+__all__ = ["in_current_layout", "loaded_layout", "ClientShards", "client_ordered", "is_client_ordered", "rows", "shards"]

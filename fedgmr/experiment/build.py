@@ -23,7 +23,7 @@ from fedgmr.algorithm.staleness import make_staleness
 from fedgmr.baselines import hooks as baseline_hooks
 from fedgmr.config import ExperimentConfig
 from fedgmr.data import FederatedData, Partition, load_dataset, make_partition
-from fedgmr.data.layout import client_ordered, rows, shards
+from fedgmr.data.layout import client_ordered, in_current_layout, loaded_layout, rows, shards
 from fedgmr.device import resolve_device, to_device
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.diagnostics import Diagnostics
@@ -114,14 +114,14 @@ def init_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
 
 
 def _partition(cfg: ExperimentConfig, data: FederatedData, rng: np.random.Generator) -> Partition:
-    labels = data.train.y.numpy()
+    labels, natural = loaded_layout(data)  # a client-ordered data set partitions as the loaded one
     if labels.ndim != 1 and cfg.data.partition in ("dirichlet", "shards"):
         raise ConfigError(f"data.partition {cfg.data.partition!r} needs one label per sample; use 'natural' or 'iid'")
     if labels.ndim != 1:
         labels = np.zeros(len(labels), dtype=np.int64)
-    return make_partition(labels, cfg.clients.num_clients, cfg.data.partition, rng, cfg.data.alpha,
-                          cfg.data.val_fraction, cfg.data.client_val_fraction, data.natural_clients,
-                          cfg.data.client_test_fraction, cfg.data.shards_per_client)
+    return in_current_layout(make_partition(labels, cfg.clients.num_clients, cfg.data.partition, rng, cfg.data.alpha,
+                                            cfg.data.val_fraction, cfg.data.client_val_fraction, natural,
+                                            cfg.data.client_test_fraction, cfg.data.shards_per_client), data)
 
 
 def client_partition(cfg: ExperimentConfig, data: FederatedData) -> Partition:

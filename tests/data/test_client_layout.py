@@ -104,3 +104,13 @@ def test_a_workers_private_copy_shares_the_client_data(built):
     own = _own_model(w)
     assert own.client_data is w.client_data and own.model is not w.model
     assert copy.deepcopy(w.client_data)[0][0].untyped_storage().data_ptr() != _storage(w.client_data[0][0])
+
+
+def test_partitioning_the_experiments_data_gives_the_experiments_partition(built):
+    """client_partition(cfg, exp.data) on the client-ordered rows draws the run's partition."""
+    cfg, exp = built
+    again = client_partition(cfg, exp.data)
+    for a, b in ((again.clients, exp.partition.clients), (again.client_val, exp.partition.client_val),
+                 (again.client_test, exp.partition.client_test)):
+        assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b))
+    assert np.array_equal(again.server_val, exp.partition.server_val)
