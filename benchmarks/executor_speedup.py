@@ -7,6 +7,11 @@ server's work. Executors are timed side by side, in rounds (serial, process, ray
 metrics are identical to the serial run's.
 
     python benchmarks/executor_speedup.py [--repeats 3] [--workers 2] [--steps 30] [--local-steps 40]
+        [--method fedgmr|fedavg] [--executors serial process ray]
+
+Beside each wall time it prints the CPU seconds the run used (this process and the
+pool's workers): on a busy machine the CPU time shows what the pool costs, and the
+wall-time speed-up what the machine had free to give.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
 import time
 from typing import Any
@@ -24,9 +30,9 @@ from fedgmr.experiment.build import build_experiment
 from fedgmr.methods import resolve_config
 
 
-def config(executor: str, workers: int, steps: int, local_steps: int) -> dict[str, Any]:
+def config(executor: str, workers: int, steps: int, local_steps: int, method: str = "fedgmr") -> dict[str, Any]:
     return {
-        "name": "executor-speedup", "method": "fedgmr", "seed": 0,
+        "name": "executor-speedup", "method": method, "seed": 0,
         "data": {"name": "digits", "partition": "dirichlet", "alpha": 0.5},
         "model": {"name": "cnn"},
         "clients": {"num_clients": 10, "heterogeneity": "high"},
@@ -38,20 +44,31 @@ def config(executor: str, workers: int, steps: int, local_steps: int) -> dict[st
     }
 
 
-def timed_run(executor: str, workers: int, steps: int, local_steps: int) -> tuple[float, float, list[dict]]:
-    """(start-up seconds, simulation seconds, metrics records)."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed_run(executor: str, workers: int, steps: int, local_steps: int,
+              method: str = "fedgmr") -> tuple[float, float, float, list[dict]]:
+    """(start-up seconds, simulation seconds, CPU seconds of the simulation, metrics records).
+
+    The CPU seconds are this process's during the simulation plus those of the pool's
+    workers over their life (reaped at close; Ray's actors are not counted)."""
     records: list[dict] = []
-    cfg = resolve_config(config(executor, workers, steps, local_steps))
+    cfg = resolve_config(config(executor, workers, steps, local_steps, method))
     t0 = time.perf_counter()
     exp = build_experiment(cfg, on_record=records.append)
     t1 = time.perf_counter()
+    cpu0, child0 = time.process_time(), _children_cpu()
     try:
         exp.simulator.run(steps)
         exp.simulator.finish()
     finally:
         t2 = time.perf_counter()
+        cpu = time.process_time() - cpu0
         exp.executor.close()
-    return t1 - t0, t2 - t1, records
+    return t1 - t0, t2 - t1, cpu + _children_cpu() - child0, records
 
 
 def _burn(n: int) -> int:
@@ -86,40 +103,51 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--local-steps", type=int, default=40)
+    ap.add_argument("--method", default="fedgmr", help="fedgmr (semi-async, K = 3) or e.g. fedavg (synchronous)")
+    ap.add_argument("--executors", nargs="+", choices=("serial", "process", "ray"),
+                    help="default: serial, process and (if installed) ray")
     return ap
 
 
 def main() -> None:
     args = parser().parse_args()
     torch.set_num_threads(1)
-    executors = ["serial", "process"] + (["ray"] if importlib.util.find_spec("ray") else [])
+    executors = args.executors or ["serial", "process"] + (["ray"] if importlib.util.find_spec("ray") else [])
+    if executors[0] != "serial":
+        executors = ["serial"] + [e for e in executors if e != "serial"]  # the reference and the baseline
+    what = "FedGMR K=3" if args.method == "fedgmr" else args.method
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}; config: cnn on digits, 10 clients, "
-          f"high heterogeneity, FedGMR K=3, {args.steps} server steps, {args.local_steps} local steps "
+          f"high heterogeneity, {what}, {args.steps} server steps, {args.local_steps} local steps "
           f"(batch 32), {args.workers} workers, 1 torch thread each")
     startup: dict[str, list[float]] = {e: [] for e in executors}
     wall: dict[str, list[float]] = {e: [] for e in executors}
+    cpu: dict[str, list[float]] = {e: [] for e in executors}
     reference: list[dict] | None = None
     for rep in range(args.repeats):
         for ex in executors:
-            t_start, t_run, recs = timed_run(ex, args.workers, args.steps, args.local_steps)
+            t_start, t_run, t_cpu, recs = timed_run(ex, args.workers, args.steps, args.local_steps, args.method)
             if reference is None:
                 reference = recs
             same = recs == reference
             startup[ex].append(t_start)
             wall[ex].append(t_run)
-            print(f"  repeat {rep + 1} {ex:8s} start-up {t_start:6.2f} s  run {t_run:6.2f} s  "
+            cpu[ex].append(t_cpu)
+            print(f"  repeat {rep + 1} {ex:8s} start-up {t_start:6.2f} s  run {t_run:6.2f} s  CPU {t_cpu:6.2f} s  "
                   f"metrics identical to serial: {same}")
             if not same:
                 raise SystemExit(f"{ex} executor gave different metrics")
     print(f"\nfree-core check (pure Python, {args.workers} processes vs one): "
           f"{free_core_check(args.workers):.2f}x  (~{args.workers}x on an idle machine)")
     base = statistics.median(wall["serial"])
-    print(f"\nmedian of {args.repeats} (run = simulation only; start-up = building the experiment and executor)")
-    print(f"{'executor':10s}{'start-up s':>12s}{'run s':>10s}{'speed-up':>10s}{'incl. start-up':>16s}")
+    print(f"\nmedian of {args.repeats} (run = simulation only; start-up = building the experiment and executor; "
+          f"CPU = the run's CPU seconds in this process and the pool's workers, not Ray's actors)")
+    print(f"{'executor':10s}{'start-up s':>12s}{'run s':>10s}{'CPU s':>8s}{'speed-up':>10s}{'incl. start-up':>16s}"
+          f"{'CPU / serial':>14s}")
     base_total = base + statistics.median(startup["serial"])
+    base_cpu = statistics.median(cpu["serial"])
     for ex in executors:
-        s, r = statistics.median(startup[ex]), statistics.median(wall[ex])
-        print(f"{ex:10s}{s:12.2f}{r:10.2f}{base / r:9.2f}x{base_total / (s + r):15.2f}x")
+        s, r, c = statistics.median(startup[ex]), statistics.median(wall[ex]), statistics.median(cpu[ex])
+        print(f"{ex:10s}{s:12.2f}{r:10.2f}{c:8.2f}{base / r:9.2f}x{base_total / (s + r):15.2f}x{c / base_cpu:13.2f}x")
 
 
 if __name__ == "__main__":
