@@ -30,10 +30,10 @@ def test_small_tensors_travel_inline_and_large_ones_by_handle():
 
 
 def test_close_during_large_results_does_not_hang():
-    """Results of a 200 k-parameter model (800 kB each: several pipe writes) are in flight
+    """Results of a 200 k-parameter model (780 kB each, under WIRE_INLINE_BYTES: several pipe writes) are in flight
     when the pool is closed; close() returns (it used to be able to wait forever for the
     rest of a result whose writer it had killed)."""
-    cfg = resolve_config(tiny_config(model={"name": "mlp", "options": {"hidden": [2048, 64]}},
+    cfg = resolve_config(tiny_config(model={"name": "mlp", "options": {"hidden": [1536, 64]}},
                                      training={"local_steps": 1}, run={"max_steps": 2}))
     exp = build_experiment(cfg)
     workload = exp.simulator.executor.workload
