@@ -31,6 +31,15 @@ from fedgmr.methods import resolve_config
 
 
 def config(executor: str, workers: int, steps: int, local_steps: int, method: str = "fedgmr") -> dict[str, Any]:
+    """The benchmark's run: FedGMR semi-asynchronous with K = 3, or ``method`` with its own
+    coordination (FedAvg: synchronous rounds of every client)."""
+    raw = _config(executor, workers, steps, local_steps, method)
+    if method != "fedgmr":
+        del raw["coordination"]
+    return raw
+
+
+def _config(executor: str, workers: int, steps: int, local_steps: int, method: str) -> dict[str, Any]:
     return {
         "name": "executor-speedup", "method": method, "seed": 0,
         "data": {"name": "digits", "partition": "dirichlet", "alpha": 0.5},

@@ -29,7 +29,9 @@ import subprocess
 import sys
 
 CHILD = r"""
-import gc, json, resource, sys, time
+import gc, json, os, resource, sys, time
+if os.environ.get("FEDGMR_BENCH_CODE"):  # --code: that checkout's fedgmr, before the working directory's
+    sys.path.insert(0, os.environ["FEDGMR_BENCH_CODE"])
 import torch
 torch.set_num_threads(1)
 from fedgmr.methods import resolve_config
@@ -65,17 +67,24 @@ raw = {"method": "fedgmr", "seed": 0, "data": data, "model": net,
        "run": {"max_steps": steps, "eval_every": 50}}
 cfg = resolve_config(raw)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def rss_mb():  # resident now (the peak, ru_maxrss, keeps the loader's transient arrays)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 exp = build_experiment(cfg)
 built_mb = tensor_mb()
+built_rss = rss_mb()
 shards = exp.simulator.executor.workload.client_data
 shard_mb = sum(x.nbytes + y.nbytes for x, y in shards) / 2**20
 exp.simulator.start()  # the first dispatch wave
 t = time.perf_counter()
 exp.simulator.run(max_steps=steps)
 wall = time.perf_counter() - t
-print(json.dumps({"step_ms": 1e3 * wall / max(exp.simulator.step, 1), "steps": exp.simulator.step, "clients": n, "params": exp.space.numel, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+import fedgmr
+print(json.dumps({"code": os.path.dirname(os.path.dirname(os.path.abspath(fedgmr.__file__))), "step_ms": 1e3 * wall / max(exp.simulator.step, 1), "steps": exp.simulator.step, "clients": n, "params": exp.space.numel, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "rss_before_build_mb": base / 1024, "buffered": len(exp.strategy._buffer),
-                  "tensor_mb": built_mb, "shard_mb": shard_mb,
+                  "tensor_mb": built_mb, "shard_mb": shard_mb, "rss_built_mb": built_rss, "rss_end_mb": rss_mb(),
                   "in_flight": len(exp.simulator.in_flight), "wall_s": round(wall, 1)}))
 """
 
@@ -101,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
 def _child(args: argparse.Namespace, n: int, code: str | None) -> dict:
     env = dict(os.environ)
     if code is not None:
-        env["PYTHONPATH"] = os.path.abspath(code)
+        env["FEDGMR_BENCH_CODE"] = os.path.abspath(code)
     out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(args.steps), str(args.hidden),
                           str(args.concurrency), str(args.max_staleness), args.model, args.data_root],
                          capture_output=True, text=True, check=True, env=env)
@@ -110,7 +119,7 @@ def _child(args: argparse.Namespace, n: int, code: str | None) -> dict:
 
 def _median_row(runs: list[dict]) -> dict:
     row = dict(runs[0])
-    for key in ("peak_rss_mb", "step_ms", "wall_s", "tensor_mb", "shard_mb"):
+    for key in ("peak_rss_mb", "step_ms", "wall_s", "tensor_mb", "shard_mb", "rss_built_mb", "rss_end_mb"):
         row[key] = statistics.median(r[key] for r in runs)
     return row
 
@@ -126,7 +135,7 @@ def main() -> None:
                 runs.setdefault((code, n), []).append(_child(args, n, code))
     for code in args.code:
         if code is not None:
-            print(f"code: {code}")
+            print(f"code: {code} (fedgmr from {runs[(code, args.clients[0])][0]['code']})")
         rows = [_median_row(runs[(code, n)]) for n in args.clients]
         _report(rows)
 
@@ -135,8 +144,9 @@ def _report(rows: list[dict]) -> None:
     for r in rows:
         model_mb = r["params"] * 4 / 2**20
         print(f"clients={r['clients']:5d}  params={r['params']}  ({model_mb:.3f} MB)  peak RSS {r['peak_rss_mb']:.0f} MB  "
-              f"(interpreter+torch before build: {r['rss_before_build_mb']:.0f} MB)  tensors reachable after the build "
-              f"{r['tensor_mb']:.0f} MB (client shards {r['shard_mb']:.0f} MB)  buffered={r['buffered']}  "
+              f"(interpreter+torch before build: {r['rss_before_build_mb']:.0f} MB)  after the build: tensors reachable "
+              f"{r['tensor_mb']:.0f} MB (client shards {r['shard_mb']:.0f} MB), RSS {r['rss_built_mb']:.0f} MB; "
+              f"RSS at the end {r['rss_end_mb']:.0f} MB  buffered={r['buffered']}  "
               f"in flight={r['in_flight']}  {r['steps']} steps in {r['wall_s']}s: {r['step_ms']:.1f} ms per server step")
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]

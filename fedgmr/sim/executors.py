@@ -38,6 +38,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import ProcessPoolExecutor as _Pool
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
@@ -164,14 +165,28 @@ def _run_job(payload: bytes) -> bytes:
     return wire_dumps(_WORKLOAD.run(pickle.loads(payload)).to("cpu"))
 
 
+#: how often a handle waiting for its result checks that the pool's workers are alive (seconds)
+LIVENESS_INTERVAL = 1.0
+
+
 class _FutureHandle:
-    def __init__(self, future: Future[bytes]) -> None:
+    def __init__(self, future: Future[bytes], workers_lost: Any) -> None:
         self.future = future
+        self._workers_lost = workers_lost
         self._value: JobResult | None = None
 
     def result(self) -> JobResult:
         if self._value is None:
-            self._value = pickle.loads(self.future.result())
+            while True:
+                try:
+                    raw = self.future.result(timeout=LIVENESS_INTERVAL)
+                    break
+                except TimeoutError:
+                    # a worker that died while it wrote a reply leaves the pool's reader waiting
+                    # for the rest of the message: say so instead of waiting forever
+                    if not self.future.done() and self._workers_lost():
+                        raise BrokenProcessPool("a process-pool worker died while jobs were in flight") from None
+            self._value = pickle.loads(raw)
             self.future = None  # type: ignore[assignment]  # the bytes are not needed any more
         return self._value
 
@@ -208,9 +223,16 @@ class ProcessPoolExecutor:
                            initargs=(workload, threads, None if start_method == "forkserver" else os.getpid(),
                                      device))
         self._closed = False
+        self._procs: dict[int, Any] = {}  # every worker started (the pool forgets them at shutdown)
 
     def submit(self, job: TrainJob) -> _FutureHandle:
-        return _FutureHandle(self._pool.submit(_run_job, wire_dumps(job.to("cpu"))))
+        future = self._pool.submit(_run_job, wire_dumps(job.to("cpu")))
+        if len(self._procs) < self.workers:  # started at the first submits
+            self._procs.update(getattr(self._pool, "_processes", None) or {})
+        return _FutureHandle(future, self._workers_lost)
+
+    def _workers_lost(self) -> bool:
+        return self._closed or any(not p.is_alive() for p in list(self._procs.values()))
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (started at the first submit)."""
@@ -224,16 +246,10 @@ class ProcessPoolExecutor:
             return
         self._closed = True
         procs = list((getattr(self._pool, "_processes", None) or {}).values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        # a worker terminated while it writes a result leaves half a message in the result
-        # pipe; with this process's own (unused) write end closed, the pool's reader gets
-        # end-of-file once the workers are gone instead of waiting for the rest forever
+        # (taken before shutdown(), which lets go of them)
         queue = getattr(self._pool, "_result_queue", None)
-        try:
-            if queue is not None:
-                queue._writer.close()
-        except (AttributeError, OSError):
-            pass
+        manager = getattr(self._pool, "_executor_manager_thread", None)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             try:
                 if p.is_alive():
@@ -248,6 +264,17 @@ class ProcessPoolExecutor:
                     p.join(timeout=10)
             except (ValueError, OSError, AssertionError):
                 pass
+        # a worker terminated while it wrote a result leaves half a message in the result
+        # pipe; with this process's own (never used) write end closed, the pool's reader gets
+        # end-of-file now that the workers are gone, instead of waiting for the rest forever
+        # (and holding up this call, or the interpreter's exit, which joins it)
+        try:
+            if queue is not None:
+                queue._writer.close()
+        except (AttributeError, OSError):
+            pass
+        if manager is not None:
+            manager.join(timeout=30)
         self._pool.shutdown(wait=True)
 
 

@@ -47,3 +47,39 @@ def test_close_during_large_results_does_not_hang():
         closer.start()
         closer.join(120)  # a liveness bound, not a timing: close() takes well under a second
         assert not closer.is_alive(), "ProcessPoolExecutor.close() hung"
+
+
+def test_a_worker_killed_while_jobs_are_in_flight_is_an_error_not_a_hang():
+    """A worker that dies (here: SIGKILL) may leave half a reply in the pool's pipe; the
+    handles then raise BrokenProcessPool instead of waiting forever."""
+    import os
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    import pytest
+
+    cfg = resolve_config(tiny_config(model={"name": "mlp", "options": {"hidden": [1536, 64]}},
+                                     training={"local_steps": 1}, run={"max_steps": 2}))
+    exp = build_experiment(cfg)
+    start = exp.strategy.params.clone()
+    pool = ex.ProcessPoolExecutor(exp.simulator.executor.workload, workers=2)
+    try:
+        handles = [pool.submit(TrainJob(c % 10, 0, c, start, dict(exp.strategy.buffers), None)) for c in range(40)]
+        handles[0].result()
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def drain() -> None:
+            try:
+                for h in handles:
+                    h.result()
+            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                errors.append(exc)
+            done.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        assert done.wait(120), "a handle waited forever for a dead worker's reply"
+        assert errors and isinstance(errors[0], BrokenProcessPool)
+    finally:
+        pool.close()
