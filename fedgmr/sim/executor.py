@@ -8,7 +8,7 @@ implement the same two methods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -93,8 +93,9 @@ class ClientWorkload:
     it to the run's device in the process that trains); a job's tensors are moved there
     when it runs, and the client data stays where it is (batches move one at a time)."""
 
-    def __init__(self, model_factory: Callable[[], nn.Module], client_data: list[tuple[torch.Tensor, torch.Tensor]],
-                 client_val: list[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
+    def __init__(self, model_factory: Callable[[], nn.Module],
+                 client_data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 client_val: Sequence[tuple[torch.Tensor, torch.Tensor]], settings: TrainSettings,
                  client_method: ClientMethod | None = None) -> None:
         self.device = torch.device("cpu")
         self.model = model_factory()
