@@ -12,7 +12,6 @@ SuperNode processes: ``tests/distributed/test_flower_deployment.py``."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,6 +23,7 @@ from conftest import tiny_config
 from fedgmr.algorithm.encoding import HEADER_BYTES, mask_code_nbytes, payload_nbytes
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.experiment.build import build_experiment
+from fedgmr.flower.adapter import Arrived as _Arrived  # the GridLink's reply record
 from fedgmr.flower.client import load_run_config, load_state, save_state, train_handler
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings
 from fedgmr.flower.payload import (decode_extras, decode_instruction, decode_reply, encode_extras, encode_instruction,
@@ -31,15 +31,6 @@ from fedgmr.flower.payload import (decode_extras, decode_instruction, decode_rep
 
 _CNN = {"model": {"name": "cnn", "options": {}}}
 ROUNDS = 3
-
-
-@dataclass
-class _Arrived:
-    instruction_id: str
-    node_id: int
-    fields: dict[str, Any]
-    error: str | None
-    nbytes: int
 
 
 class StateLink:
