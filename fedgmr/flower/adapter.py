@@ -90,6 +90,7 @@ class Arrived:
     fields: dict[str, Any]
     error: str | None  # Flower's error (client crashed, TTL expired, ...) or None
     nbytes: int  # size of the FedGMR fields' byte values
+    received: float | None = None  # epoch seconds (time.time()) when the pull returned it complete
 
 
 # ---------------------------------------------------------------------- grid
@@ -183,14 +184,16 @@ class GridLink:
         if not ids:
             return []
         out = []
-        for msg in self.grid.pull_messages(ids):
+        messages = list(self.grid.pull_messages(ids))
+        received = time.time()  # the reply and its objects are at the server now
+        for msg in messages:
             md = msg.metadata
             err = None
             if msg.has_error():
                 err = f"code {msg.error.code}: {msg.error.reason}"
             fields = fields_of(msg)
             nbytes = sum(len(v) for v in fields.values() if isinstance(v, bytes))
-            out.append(Arrived(str(md.reply_to_message_id), int(md.src_node_id), fields, err, nbytes))
+            out.append(Arrived(str(md.reply_to_message_id), int(md.src_node_id), fields, err, nbytes, received))
         return out
 
     def close(self) -> None:

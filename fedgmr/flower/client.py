@@ -24,6 +24,7 @@ simulator). Values beside the model (SCAFFOLD's ``c`` down, ``delta_c`` up; FedN
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
@@ -127,9 +128,11 @@ def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node
                    ins.kind, ins.validate, ins.upload_mask, ins.extras, state)
     saved = workload.settings
     workload.settings = ins.settings
+    t0 = time.perf_counter()
     try:
         res = workload.run(job)
     finally:
+        compute_s = time.perf_counter() - t0
         workload.settings = saved
     if res.state is not None and store is not None:  # the client's own: kept whatever the server does with the reply
         save_state(store, partition, res.state)
@@ -137,4 +140,5 @@ def train_handler(fields: Mapping[str, Any], run_config: Mapping[str, Any], node
     num_processed = getattr(res, "num_processed", None)
     up = ins.mask if ins.upload_mask is None else ins.upload_mask
     return encode_reply(ins.client, ins.version, up, res.values, res.buffers, res.num_samples,
-                        res.loss, res.val_score, num_processed=num_processed, extras=res.extras)
+                        res.loss, res.val_score, num_processed=num_processed, extras=res.extras,
+                        compute_s=compute_s)

@@ -124,6 +124,7 @@ class _Flight:
     density: float = 1.0  # the assignment's density (the deadline trigger compares them)
     reply_beside: tuple[str, ...] = ()  # vectors the reply carries beside its values, one value per value
     reply_plain: int = 0  # values the reply's other extras hold in all (FedNova's tau: 1)
+    sent_epoch: float = 0.0  # time.time() right after the push returned (matched against link counters)
 
 
 @dataclass
@@ -149,6 +150,13 @@ class LoopStats:
     #: ``max_s`` (monotonic wall time, whatever clock the loop runs on): where a blocked
     #: transport shows (a call over ``LoopSettings.slow_call`` is also logged)
     link_calls: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: one record per instruction that ended (a reply, an error reply, a timeout):
+    #: ``instruction``, ``node``, ``client``, ``step`` (the model version sent), ``sent`` and
+    #: ``replied`` (epoch seconds: push returned, the reply was pulled complete),
+    #: ``round_trip`` (their difference), ``bytes_down`` / ``bytes_up`` (the fields' payload
+    #: bytes), ``compute_s`` (the training time the client reported, or None) and
+    #: ``outcome`` (``reply``, ``error``, ``timeout``)
+    messages: list[dict[str, Any]] = field(default_factory=list)
 
     def node(self, node_id: int) -> dict[str, Any]:
         return self.nodes.setdefault(node_id, {"sent": 0, "replies": 0, "errors": 0, "timeouts": 0, "skipped": 0})
@@ -267,7 +275,7 @@ class BufferedServerLoop:
             self.stats.bytes_down += nbytes
             self.stats.downloads += 1
             self.in_flight[msg_id] = _Flight(slot, a.version, self.clock(), nbytes, a.reply_mask, a.density,
-                                             tuple(a.wire.reply_beside), int(a.wire.reply_plain))
+                                             tuple(a.wire.reply_beside), int(a.wire.reply_plain), time.time())
             self.waiting.discard(slot)
 
     def _timed(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
@@ -289,6 +297,22 @@ class BufferedServerLoop:
                 log.warning(line)
 
     # ------------------------------------------------------------------ replies
+    def _message_record(self, msg_id: str, flight: _Flight, outcome: str, arrived: Any = None) -> None:
+        """Keep the record of one finished instruction (``stats.messages``)."""
+        received = getattr(arrived, "received", None) if arrived is not None else None
+        replied = float(received) if received is not None else time.time()
+        compute = arrived.fields.get("compute_s") if arrived is not None and isinstance(arrived.fields, dict) else None
+        try:  # a client's claim, not yet validated: kept only when it is a sane number
+            ok = isinstance(compute, (int, float)) and not isinstance(compute, bool) and 0 <= float(compute) <= 1e6
+        except OverflowError:
+            ok = False
+        self.stats.messages.append({
+            "instruction": msg_id, "node": self.node_of_slot[flight.slot], "client": flight.slot,
+            "step": flight.version, "sent": round(flight.sent_epoch, 4), "replied": round(replied, 4),
+            "round_trip": round(replied - flight.sent_epoch, 4), "bytes_down": flight.nbytes,
+            "bytes_up": int(arrived.nbytes) if arrived is not None else 0,
+            "compute_s": float(compute) if ok else None, "outcome": outcome})
+
     def _reject(self, slot: int, reason: str) -> None:
         self.strategy.rejected += 1
         line = f"rejected update from client {slot}: {reason}"
@@ -322,6 +346,8 @@ class BufferedServerLoop:
                         arrived.instruction_id, arrived.node_id)
             return False
         slot = flight.slot
+        self._message_record(arrived.instruction_id, flight, "error" if arrived.error is not None else "reply",
+                             arrived)
         self._replied.add(slot)
         self.waiting.add(slot)
         self.stats.replies += 1
@@ -380,6 +406,7 @@ class BufferedServerLoop:
         for msg_id, f in list(self.in_flight.items()):
             if now - f.sent > self.settings.reply_timeout:
                 del self.in_flight[msg_id]
+                self._message_record(msg_id, f, "timeout")
                 self.waiting.add(f.slot)
                 self.stats.timeouts += 1
                 self.stats.node(self.node_of_slot[f.slot])["timeouts"] += 1

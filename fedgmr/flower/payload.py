@@ -57,7 +57,7 @@ STATE_DTYPES = {**_DTYPES, "bool": torch.bool, "int32": torch.int32, "uint8": to
 _SETTINGS = ("lr", "momentum", "weight_decay", "batch_size", "local_steps", "loss")
 #: the fields of a reply besides its ``buf.*`` buffers (anything else is rejected)
 _REPLY_REQUIRED = ("client", "version", "num_samples", "loss", "payload")
-_REPLY_OPTIONAL = ("num_processed", "val_score")
+_REPLY_OPTIONAL = ("num_processed", "val_score", "compute_s")
 #: the fields of an instruction besides its ``train.*`` settings, ``buf.*`` buffers and ``extra.*`` values
 _INSTRUCTION_FIELDS = ("client", "version", "seed", "kind", "validate", "model", "upload")
 #: Flower's integers are signed 64-bit; nothing on the wire may exceed that
@@ -300,7 +300,8 @@ def _setting(fields: Mapping[str, Any], name: str) -> Any:
 def encode_reply(client: int, version: int, mask: torch.Tensor, values: torch.Tensor,
                  buffers: Mapping[str, torch.Tensor], num_samples: int, loss: float,
                  val_score: float | None = None, num_processed: int | None = None,
-                 send_mask: bool = False, extras: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+                 send_mask: bool = False, extras: Mapping[str, torch.Tensor] | None = None,
+                 compute_s: float | None = None) -> dict[str, Any]:
     """The fields of a train reply: the trained values at ``mask``, values only (the
     server holds the mask it assigned). ``send_mask=True`` is for a client reporting a
     smaller ``mask`` than it was assigned: the mask code then travels in the payload.
@@ -308,7 +309,8 @@ def encode_reply(client: int, version: int, mask: torch.Tensor, values: torch.Te
     ``num_samples`` is the client's training-set size; ``num_processed`` (optional) the
     samples its local steps went through; ``extras`` the vectors its method sends beside
     the values (``extra.<name>``: SCAFFOLD's ``delta_c`` at the values' coordinates,
-    FedNova's ``tau``)."""
+    FedNova's ``tau``); ``compute_s`` the seconds its local training took (reported for
+    the testbed's per-message latency; the server never acts on it)."""
     fields: dict[str, Any] = {
         "client": int(client), "version": int(version), "num_samples": int(num_samples),
         "loss": float(loss), "payload": encode_sparse(mask, values, send_mask=send_mask),
@@ -317,6 +319,8 @@ def encode_reply(client: int, version: int, mask: torch.Tensor, values: torch.Te
         fields["num_processed"] = int(num_processed)
     if val_score is not None:
         fields["val_score"] = float(val_score)
+    if compute_s is not None:
+        fields["compute_s"] = float(compute_s)
     fields.update(encode_buffers(buffers))
     fields.update(encode_extras(extras or {}))
     return fields
@@ -370,6 +374,8 @@ def decode_reply(fields: Mapping[str, Any], numel: int, kind: str,
     processed = _int(fields, "num_processed", 1) if "num_processed" in fields else None
     loss = _real(fields, "loss")
     val = _real(fields, "val_score", 0.0, 1.0) if "val_score" in fields else None
+    if "compute_s" in fields:  # reported, never used: checked like every field
+        _real(fields, "compute_s", 0.0, 1e6)
     payload = _bytes(fields, "payload")
     mask, values = decode_sparse(payload, expected_numel=numel, max_bytes=reply_limit(numel, expected_buffers),
                                  mask=assigned)

@@ -187,7 +187,9 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
                          seed=cfg.seed, t_star=t_star)
         result["quarantined_nodes"] = list(loop.quarantine.events)
         result["rejection_log"] = loop.stats.log
-        log.info("summary: %s", json.dumps({k: v for k, v in result.items() if k != "rejection_log"}))
+        log.info("summary: %s", json.dumps({k: v for k, v in result.items() if k not in ("rejection_log", "messages")}))
+        # every instruction's round trip (the testbed splits it into transfers, compute and latency)
+        result["messages"] = loop.stats.messages
         if out_dir is not None:
             write_atomic(out_dir / SUMMARY_FILE, json.dumps(result, indent=2) + "\n")
         return result

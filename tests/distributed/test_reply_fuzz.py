@@ -123,6 +123,11 @@ def _valid(field: str, v: Any, slot: int) -> bool:
             return False
     if field == "val_score":
         return number and 0 <= v <= 1
+    if field == "compute_s":  # the training time the client reports (optional)
+        try:
+            return number and math.isfinite(float(v)) and 0 <= v <= 1e6
+        except OverflowError:
+            return False
     return False
 
 
@@ -141,13 +146,13 @@ def malformed_cases(fields: dict[str, Any], slot: int, n: int) -> list[tuple[str
         change(f)
         cases.append((name, f))
 
-    keys = list(fields) + ["num_processed", "val_score"]
+    keys = list(fields) + ["num_processed", "val_score", "compute_s"]
     for key in dict.fromkeys(keys):
         for label, v in WRONG:
             if not _valid(key, v, slot):
                 variant(f"{key}={label}", lambda f, key=key, v=v: f.__setitem__(key, v))
     for key in fields:
-        if key not in ("num_processed", "val_score"):
+        if key not in ("num_processed", "val_score", "compute_s"):
             variant(f"missing {key}", lambda f, key=key: f.pop(key))
     for extra, v in (("extra", 1), ("buf.nope", b""), ("buf.nope.dtype", "float32"), ("Payload", b""),
                      ("train.lr", 0.1), ("", 0), ("payload.extra", b"x")):
