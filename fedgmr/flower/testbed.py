@@ -508,23 +508,60 @@ class LinkSampler(threading.Thread):
 def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: float) -> list[dict[str, float]]:
     """The bursts of a byte counter: runs of increases with no pause longer than a few
     packets' time at ``rate``; those of at least ``min_bytes``. Each has its start (the
-    last sample before the first increase), its duration (to the last increase) and bytes."""
+    last sample before the first increase), its duration (to the last increase) and bytes.
+
+    A burst's edges are trimmed of chatter (:func:`_trim`): small increments (under 1000 B:
+    a SYN, a FIN, a protocol's headers or poll) cut off from the bulk by a pause much longer
+    than their own time at ``rate``. Untrimmed, they added 0.14-0.26 s to plain TCP
+    downloads of 16-430 kB (``benchmarks/testbed_downlink.py``)."""
     gap = max(0.25, 4 * 1514 / rate)
     out: list[dict[str, float]] = []
-    start_t = last_t = None
-    start_v = last_v = 0
-    prev_t, prev_v = (series[0] if series else (0.0, 0))
+    run: list[tuple[float, int]] = []  # every sample from the one before the burst's first increase
+    last_up = 0.0  # time of the burst's last increase
+
+    def close() -> None:
+        if len(run) < 2:
+            return
+        ups = [run[0]] + [p for q, p in zip(run, run[1:]) if p[1] > q[1]]
+        kept = _trim(ups, rate)
+        first = run.index(kept[1])
+        start_t, start_v = run[first - 1]  # the last sample before the first increase kept
+        if kept[-1][1] - start_v >= min_bytes:
+            out.append({"start": start_t, "seconds": kept[-1][0] - start_t, "bytes": float(kept[-1][1] - start_v)})
+
+    prev = (series[0] if series else (0.0, 0))
     for t, v in series[1:]:
-        if v > prev_v:
-            if start_t is None or t - last_t > gap:
-                if start_t is not None and last_v - start_v >= min_bytes:
-                    out.append({"start": start_t, "seconds": last_t - start_t, "bytes": float(last_v - start_v)})
-                start_t, start_v = prev_t, prev_v
-            last_t, last_v = t, v
-        prev_t, prev_v = t, v
-    if start_t is not None and last_v - start_v >= min_bytes:
-        out.append({"start": start_t, "seconds": last_t - start_t, "bytes": float(last_v - start_v)})
+        if v > prev[1]:
+            if not run or t - last_up > gap:
+                close()
+                run = [prev]
+            last_up = t
+        if run:
+            run.append((t, v))
+        prev = (t, v)
+    close()
     return out
+
+
+#: increments of a byte counter under this many bytes may be chatter at a burst's edge
+CHATTER_BYTES = 1000
+
+
+def _trim(run: list[tuple[float, int]], rate: float) -> list[tuple[float, int]]:
+    """A burst (the sample before it, then each increase) without its edge chatter: a
+    first or last increment under :data:`CHATTER_BYTES` separated from its neighbour by
+    more than three times its own time at ``rate`` plus 20 ms is dropped, repeatedly
+    (``run``: the sample before the burst, then the sample of each increase)."""
+    pts = list(run)
+
+    def lone(nbytes: int, pause: float) -> bool:
+        return nbytes < CHATTER_BYTES and pause > 3 * nbytes / rate + 0.02
+
+    while len(pts) > 2 and lone(pts[-1][1] - pts[-2][1], pts[-1][0] - pts[-2][0]):
+        pts.pop()
+    while len(pts) > 2 and lone(pts[1][1] - pts[0][1], pts[2][0] - pts[1][0]):
+        pts.pop(0)
+    return pts
 
 
 # -- the Flower run ----------------------------------------------------------------------------
@@ -696,56 +733,149 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
                                                                          "replies", "timeouts", "restorations",
                                                                          "bytes_up", "bytes_down")}}
     if predict:
-        compute = calibrate_compute(cfg)
-        result["compute_seconds_per_round"] = compute
-        result["simulated"], predicted = predict_run(raw, out / "sim", scale, compute,
-                                                     float(summary.get("time") or duration))
-        result.update(compare(sampler, t0, down, up, tiers, predicted, deployed, out / "sim", logs))
-        measured = result.pop("transfers")
-        (out / "transfers.json").write_text(json.dumps(measured, indent=1))
-        # a second prediction with the ClientApp's own time per message on this machine
-        # (training, Flower's Runtime API round trips, the fork, CPU contention), measured
-        # by the warm SuperExecs: what is left of the gap is the network and the protocol
-        apps = clientapp_seconds(logs)
-        sims = [out / "sim"]
-        if apps:
-            result["clientapp_seconds"] = _quantiles(apps)
-            result["simulated_clientapp_time"], predicted2 = predict_run(
-                raw, out / "sim-clientapp", scale, statistics.median(apps), float(summary.get("time") or duration))
-            at2 = compare(None, t0, down, up, tiers, predicted2, deployed, out / "sim-clientapp", logs).get("at_time")
-            if at2:
-                result["at_time_clientapp_time"] = at2["simulated"]
-            sims.append(out / "sim-clientapp")
-            # a third with the transport's bytes per message as well (network.message_bytes): the
-            # median of what each measured transfer carried beyond its predicted payload
-            extra = [t["bytes"] - t["predicted_bytes"] for t in measured]
-            if extra:
-                overhead = max(0.0, statistics.median(extra))
-                result["message_bytes"] = overhead
-                result["simulated_overhead"], predicted3 = predict_run(
-                    raw, out / "sim-overhead", scale, statistics.median(apps), float(summary.get("time") or duration),
-                    message_bytes=overhead)
-                third = compare(sampler, t0, down, up, tiers, predicted3, deployed, out / "sim-overhead", logs)
-                third.pop("transfers", None)
-                result["transfer_ratios_overhead"] = third.get("transfer_ratios")
-                if third.get("at_time"):
-                    result["at_time_overhead"] = third["at_time"]["simulated"]
-                sims.append(out / "sim-overhead")
-        result["plot"] = str(plot_comparison(deployed, sims, out / "accuracy.png",
-                                             f"{cfg.method}: testbed vs simulator"))
+        result.update(_predictions(raw, cfg, out, scale, sampler, t0, down, up, tiers, summary, duration, deployed,
+                                   logs))
         (out / "link_counters.json").write_text(json.dumps({"devices": sampler.devs, "t0": t0,
                                                             "samples": sampler.samples}))
     (out / "testbed.json").write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
+def _predictions(raw: dict[str, Any], cfg: Any, out: Path, scale: float, sampler: LinkSampler, t0: float,
+                 down: Sequence[float], up: Sequence[float], tiers: Sequence[float], summary: dict[str, Any],
+                 duration: float, deployed: Path, logs: Path) -> dict[str, Any]:
+    """The simulator's four predictions of the deployed run and their comparison with it:
+    (1) calibrated training time; (2) the ClientApp's measured time per message; (3) that
+    and the measured bytes per message (``network.message_bytes``); (4) the training time
+    the clients reported, those bytes and the fitted per-message latency
+    (``network.message_latency``, :func:`fit_message_latency`). Also every transfer seen
+    on the links, matched to its message (:func:`match_messages`)."""
+    result: dict[str, Any] = {}
+    wall = float(summary.get("time") or duration)
+    compute = calibrate_compute(cfg)
+    result["compute_seconds_per_round"] = compute
+    result["t0"] = t0
+    result["simulated"], predicted = predict_run(raw, out / "sim", scale, compute, wall)
+    first = compare(sampler, t0, down, up, tiers, predicted, deployed, out / "sim", logs)
+    measured = first.pop("transfers")
+    result.update(first)
+    messages = match_messages(measured, summary.get("messages") or [], t0)
+    result["transfers"], result["messages"] = measured, messages
+    (out / "transfers.json").write_text(json.dumps(measured, indent=1))
+    fit = fit_message_latency(messages)
+    result["latency_fit"] = fit
+    runs = [{"name": "calibrated training time", "dir": "sim", "compute_s": compute, "message_bytes": 0.0,
+             "message_latency": 0.0, "at_time": (first.get("at_time") or {}).get("simulated"),
+             "transfer_ratios": first.get("transfer_ratios")}]
+    # a second prediction with the ClientApp's own time per message on this machine
+    # (training, Flower's Runtime API round trips, the fork, CPU contention), measured
+    # by the warm SuperExecs: what is left of the gap is the network and the protocol
+    apps = clientapp_seconds(logs)
+    if apps:
+        result["clientapp_seconds"] = _quantiles(apps)
+        result["simulated_clientapp_time"], predicted2 = predict_run(raw, out / "sim-clientapp", scale,
+                                                                     statistics.median(apps), wall)
+        second = compare(sampler, t0, down, up, tiers, predicted2, deployed, out / "sim-clientapp", logs)
+        if second.get("at_time"):
+            result["at_time_clientapp_time"] = second["at_time"]["simulated"]
+        runs.append({"name": "measured ClientApp time", "dir": "sim-clientapp", "compute_s": statistics.median(apps),
+                     "message_bytes": 0.0, "message_latency": 0.0, "at_time": result.get("at_time_clientapp_time"),
+                     "transfer_ratios": second.get("transfer_ratios")})
+    # the transport's bytes per message (network.message_bytes): the median of what each
+    # measured transfer carried beyond its predicted payload
+    extra = [t["bytes"] - t["predicted_bytes"] for t in measured]
+    overhead = max(0.0, statistics.median(extra)) if extra else 0.0
+    if apps and extra:
+        result["message_bytes"] = overhead
+        result["simulated_overhead"], predicted3 = predict_run(raw, out / "sim-overhead", scale,
+                                                               statistics.median(apps), wall, message_bytes=overhead)
+        third = compare(sampler, t0, down, up, tiers, predicted3, deployed, out / "sim-overhead", logs)
+        result["transfer_ratios_overhead"] = third.get("transfer_ratios")
+        if third.get("at_time"):
+            result["at_time_overhead"] = third["at_time"]["simulated"]
+        runs.append({"name": "ClientApp time + bytes per message", "dir": "sim-overhead",
+                     "compute_s": statistics.median(apps), "message_bytes": overhead, "message_latency": 0.0,
+                     "at_time": result.get("at_time_overhead"), "transfer_ratios": third.get("transfer_ratios")})
+    # the fourth: training time as reported, bytes per message and the fitted latency
+    if fit.get("n"):
+        train = fit["compute_s"]["median"]
+        result["simulated_latency"], predicted4 = predict_run(raw, out / "sim-latency", scale, train, wall,
+                                                              message_bytes=overhead,
+                                                              message_latency=fit["message_latency"])
+        fourth = compare(sampler, t0, down, up, tiers, predicted4, deployed, out / "sim-latency", logs)
+        result["transfer_ratios_latency"] = fourth.get("transfer_ratios")
+        if fourth.get("at_time"):
+            result["at_time_latency"] = fourth["at_time"]["simulated"]
+        runs.append({"name": "reported training time + bytes + latency per message", "dir": "sim-latency",
+                     "compute_s": train, "message_bytes": overhead, "message_latency": fit["message_latency"],
+                     "at_time": result.get("at_time_latency"), "transfer_ratios": fourth.get("transfer_ratios")})
+    result["predictions"] = runs
+    result["plot"] = str(plot_comparison(deployed, [out / r["dir"] for r in runs], out / "accuracy.png",
+                                         f"{cfg.method}: testbed vs simulator", [r["name"] for r in runs]))
+    return result
+
+
+def match_messages(transfers: list[dict[str, Any]], messages: Sequence[dict[str, Any]], t0: float,
+                   slack: float = 0.1) -> list[dict[str, Any]]:
+    """Tie each transfer seen on the links to the message it carried; returns the
+    messages with their transfers' times and their latency.
+
+    ``messages`` are the ServerApp's records (``summary.json``'s ``messages``: epoch
+    ``sent``/``replied``, ``client``, ``bytes_down``/``bytes_up`` payload, ``compute_s``);
+    ``transfers`` those of :func:`compare` (``start``/``end`` in seconds since ``t0``), which
+    get ``message``, ``step`` and ``payload_bytes``. A client has one instruction in flight
+    at a time, so every ``down`` transfer of its link that starts within ``slack`` seconds
+    of ``[sent, replied]`` belongs to it, and every ``up`` transfer that ends there. A
+    message's ``latency_s`` is its round trip less its transfers (all of them, in each
+    direction) and its reported compute time: None when a direction saw no transfer or
+    the client reported no compute time."""
+    out = []
+    for m in sorted(messages, key=lambda m: m["sent"]):
+        sent, replied = m["sent"] - t0, m["replied"] - t0
+        rec = {**m, "sent": round(sent, 4), "replied": round(replied, 4)}
+        mine = {"down": [], "up": []}
+        for t in transfers:
+            if t["client"] != m["client"] or t.get("message") is not None:
+                continue
+            at = t["start"] if t["direction"] == "down" else t["end"]
+            if sent - slack <= at <= replied + slack:
+                t["message"], t["step"] = m["instruction"], m.get("step")
+                t["payload_bytes"] = m["bytes_down"] if t["direction"] == "down" else m["bytes_up"]
+                mine[t["direction"]].append(t)
+        for d in ("down", "up"):
+            rec[f"{d}_s"] = round(sum(t["seconds"] for t in mine[d]), 4) if mine[d] else None
+            rec[f"{d}_wire_bytes"] = sum(t["bytes"] for t in mine[d]) if mine[d] else None
+            rec[f"{d}_transfers"] = len(mine[d])
+        ok = m.get("outcome") == "reply" and rec["down_s"] is not None and rec["up_s"] is not None \
+            and m.get("compute_s") is not None
+        rec["latency_s"] = round(m["round_trip"] - rec["down_s"] - rec["up_s"] - m["compute_s"], 4) if ok else None
+        out.append(rec)
+    return out
+
+
+def fit_message_latency(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``network.message_latency`` from matched messages (:func:`match_messages`): the
+    median of their ``latency_s`` (round trip beyond both transfers and the training
+    time), halved, since the simulator adds it to each download and each upload; 0 when
+    that median is negative. Also the quantiles of the per-message latency and of the
+    reported compute time."""
+    lat = [m["latency_s"] for m in messages if m.get("latency_s") is not None]
+    if not lat:
+        return {"n": 0, "message_latency": 0.0}
+    comp = [m["compute_s"] for m in messages if m.get("latency_s") is not None]
+    return {"n": len(lat), "message_latency": max(0.0, statistics.median(lat)) / 2,
+            "per_message": _quantiles(lat), "compute_s": _quantiles(comp)}
+
+
 def predict_run(raw: dict[str, Any], out: Path, scale: float, compute: float,
-                max_time: float, message_bytes: float = 0.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                max_time: float, message_bytes: float = 0.0,
+                message_latency: float = 0.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The simulator's run of ``raw`` with the testbed's network: client rates scaled by
     ``scale``, real payload sizes (no ``model_size_mb``), shared server links out of the
     way, ``compute`` seconds per local round; up to ``max_time`` virtual seconds (the
     deployment's wall time, whatever its steps), ``message_bytes`` beside every payload
-    (``network.message_bytes``). Writes ``out/metrics.jsonl``; returns a summary and every
+    (``network.message_bytes``), ``message_latency`` seconds added to every message
+    (``network.message_latency``). Writes ``out/metrics.jsonl``; returns a summary and every
     predicted transfer (client, direction, start, bytes on the wire, seconds)."""
     from fedgmr.experiment.build import build_experiment
     from fedgmr.methods import resolve_config
@@ -759,6 +889,8 @@ def predict_run(raw: dict[str, Any], out: Path, scale: float, compute: float,
     net["compute"] = {"kind": "constant", "seconds_per_round": compute}
     if message_bytes:
         net["message_bytes"] = float(message_bytes)
+    if message_latency:
+        net["message_latency"] = float(message_latency)
     run = sim.setdefault("run", {})
     run.update({"max_time": max_time, "executor": "serial", "device": "cpu"})
     run.pop("max_steps", None)  # the same time window as the deployment, whatever the steps
@@ -838,9 +970,12 @@ def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: S
             pred_med_s = statistics.median(p["seconds"] for p in pred)
             pred_med_b = statistics.median(p["bytes"] for p in pred)
             for m in seen:
-                transfers.append({"client": c, "tier": tiers[c], "direction": direction, "time": m["start"] - t0,
+                start = m["start"] - t0
+                transfers.append({"client": c, "node": c, "tier": tiers[c], "direction": direction, "time": start,
+                                  "start": round(start, 4), "end": round(start + m["seconds"], 4),
                                   "seconds": m["seconds"], "bytes": m["bytes"], "shaped": m["bytes"] / rate,
-                                  "predicted_seconds": pred_med_s, "predicted_bytes": pred_med_b})
+                                  "predicted_seconds": pred_med_s, "predicted_bytes": pred_med_b,
+                                  "payload_bytes": None, "message": None, "step": None})
     for d in sorted(set(tiers), reverse=True):
         for direction in ("down", "up"):
             ts = [t for t in transfers if t["tier"] == d and t["direction"] == direction]
@@ -859,6 +994,7 @@ def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: S
         out["at_time"] = {"time": end,
                           "deployed": {"step": a.get("step"), "accuracy": a.get("accuracy"),
                                        "uploads": a.get("uploads"), "restorations": a.get("restorations"),
+                                       "client_uploads": a.get("client_uploads"),
                                        "client_uploads(seen on the links)": ups},
                           "simulated": {"step": b.get("step"), "accuracy": b.get("accuracy"),
                                         "uploads": b.get("uploads"), "restorations": b.get("restorations"),
@@ -877,8 +1013,10 @@ def clientapp_seconds(logs: Path) -> list[float]:
     return found
 
 
-def plot_comparison(deployed: Path, simulated: Path | Sequence[Path], path: Path, title: str = "") -> Path:
-    """Accuracy against seconds, deployed (wall clock) and simulated (virtual), on one plot."""
+def plot_comparison(deployed: Path, simulated: Path | Sequence[Path], path: Path, title: str = "",
+                    names: Sequence[str] | None = None) -> Path:
+    """Accuracy against seconds, deployed (wall clock) and simulated (virtual), on one plot
+    (``names``: the simulated runs' labels)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -886,10 +1024,10 @@ def plot_comparison(deployed: Path, simulated: Path | Sequence[Path], path: Path
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sims = [simulated] if isinstance(simulated, (str, Path)) else list(simulated)
-    labels = ["simulator, calibrated training time (virtual s)", "simulator, measured ClientApp time (virtual s)",
-              "simulator, ClientApp time + bytes per message (virtual s)"]
+    labels = [f"simulator, {n} (virtual s)" for n in (names or ["calibrated training time", "measured ClientApp time",
+                                                                 "ClientApp time + bytes per message"])]
     for d, label, style in ((deployed, "testbed (wall s)", "-"),
-                            *((p, labels[min(i, 2)], "--") for i, p in enumerate(sims))):
+                            *((p, labels[min(i, len(labels) - 1)], "--") for i, p in enumerate(sims))):
         recs = _records(d)
         ax.plot([r["time"] for r in recs], [r["accuracy"] for r in recs], style, marker=".", label=label)
     ax.set_xlabel("seconds")
@@ -948,11 +1086,67 @@ def format_result(result: dict[str, Any]) -> str:
         if ratios3:
             lines.append("  measured/predicted with those bytes, median per tier/direction: " + ", ".join(
                 f"{key} {r['measured/predicted']['median']:.2f}" for key, r in ratios3.items()))
+    fit = result.get("latency_fit") or {}
+    if fit.get("n"):
+        q, c = fit["per_message"], fit["compute_s"]
+        lines.append(f"per-message latency (round trip - transfers - reported training time), {q['n']} messages: "
+                     f"median {q['median']:.3f} s [p25 {q['p25']:.3f}, p75 {q['p75']:.3f}]; training "
+                     f"{c['median']:.3f} s; network.message_latency = {fit['message_latency']:.3f} s (half: it is "
+                     f"charged on each download and each upload)")
+    s4 = result.get("at_time_latency")
+    if s4:
+        lines.append(f"simulated with the reported training time, {result['message_bytes']:,.0f} bytes and "
+                     f"{fit['message_latency']:.3f} s per message (message_bytes, message_latency): {_reading(s4)}")
+    if result.get("predictions"):
+        lines += comparison_table(result)
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
 
 
-__all__ = ["format_result", "LinkSampler", "NodeLink", "ShapedNetwork", "TestbedUnavailable", "calibrate_compute", "compare",
+def _iqr(q: dict[str, float]) -> str:
+    return f"{q['median']:.2f} [{q['p25']:.2f}-{q['p75']:.2f}]"
+
+
+def comparison_table(result: dict[str, Any]) -> list[str]:
+    """The deployment against each prediction at the comparison time, as Markdown: steps,
+    accuracy, uploads per client (and the largest deviation from the deployed count), and
+    per tier the median measured/predicted transfer time down and up with its
+    interquartile range."""
+    at = result.get("at_time")
+    runs = result.get("predictions") or []
+    if not at or not runs:
+        return []
+    dep = at["deployed"]
+    dep_ups = dep.get("client_uploads") or dep.get("client_uploads(seen on the links)") or []
+    head = ["", f"by t = {at['time']:.1f} s", "", "| | deployed | " + " | ".join(
+        f"({i + 1}) {r['name']}" for i, r in enumerate(runs)) + " |", "|---" * (len(runs) + 2) + "|"]
+    rows = [["compute s / message bytes / latency s", "-", *(
+        f"{r['compute_s']:.3f} / {r['message_bytes']:,.0f} / {r['message_latency']:.3f}" for r in runs)],
+            ["steps", str(dep["step"]), *(str((r["at_time"] or {}).get("step")) for r in runs)],
+            ["accuracy %", f"{(dep['accuracy'] or 0) * 100:.2f}",
+             *(f"{((r['at_time'] or {}).get('accuracy') or 0) * 100:.2f}" for r in runs)],
+            ["uploads per client", ", ".join(map(str, dep_ups)),
+             *(", ".join(map(str, (r["at_time"] or {}).get("client_uploads") or [])) for r in runs)],
+            ["largest uploads deviation (deployed vs predicted)", "-",
+             *(_deviation(dep_ups, (r["at_time"] or {}).get("client_uploads")) for r in runs)]]
+    keys = list((runs[0].get("transfer_ratios") or {}).keys())
+    for key in keys:
+        rows.append([f"measured/predicted {key}: median [IQR]", "-", *(
+            _iqr(r["transfer_ratios"][key]["measured/predicted"]) if key in (r.get("transfer_ratios") or {}) else "-"
+            for r in runs)])
+    return head + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _deviation(deployed: Sequence[int], predicted: Sequence[int] | None) -> str:
+    """The largest |deployed - predicted| / predicted over clients, as a percentage."""
+    if not predicted or len(predicted) != len(deployed):
+        return "-"
+    devs = [abs(d - p) / p for d, p in zip(deployed, predicted) if p]
+    return f"{max(devs) * 100:.0f} %" if devs else "-"
+
+
+__all__ = ["comparison_table", "fit_message_latency", "format_result", "match_messages", "LinkSampler", "NodeLink",
+           "ShapedNetwork", "TestbedUnavailable", "calibrate_compute", "compare",
            "find_transfers", "list_namespaces", "measure_transfer", "plot_comparison", "predict_run",
            "remove_stale_namespaces", "run_testbed", "terminate_on_sigterm", "tier_rates", "unavailable_reason"]

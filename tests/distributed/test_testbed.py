@@ -105,6 +105,98 @@ def test_find_transfers_splits_a_byte_counter_into_bursts():
     assert len(tb.find_transfers(series, rate, min_bytes=100)) == 2
 
 
+def test_find_transfers_trims_chatter_at_a_bursts_edges():
+    """A SYN before and a FIN, then a poll, after a bulk transfer, each within the burst
+    gap but cut off from the bulk by a pause, are not part of the transfer's time."""
+    rate = 200_000.0  # 2 kB per 10 ms sample
+    series, t, v = [(0.0, 0)], 0.0, 0
+    t += 0.05
+    v += 74  # SYN, 50 ms before the bulk
+    series.append((t, v))
+    t += 0.05
+    series.append((t, v))
+    bulk_start = t
+    for _ in range(43):  # 86 kB in 0.43 s
+        t += 0.01
+        v += 2000
+        series.append((t, v))
+    bulk_end = t
+    for extra in (66, 300):  # a FIN 0.1 s later, a poll's reply 0.1 s after that
+        t += 0.1
+        v += extra
+        series.append((t, v))
+    t += 1.0
+    series.append((t, v))
+    (burst,) = tb.find_transfers(series, rate, min_bytes=3000)
+    assert burst["start"] == pytest.approx(bulk_start) and burst["seconds"] == pytest.approx(bulk_end - bulk_start)
+    assert burst["bytes"] == 86_000
+    # a slow link's last, partial frame is data, not chatter: kept
+    slow = [(0.0, 0), *((0.15 * (i + 1), 1514 * (i + 1)) for i in range(10)), (1.5 + 0.07, 1514 * 10 + 634)]
+    (burst,) = tb.find_transfers(slow, 10_000.0, min_bytes=3000)
+    assert burst["bytes"] == 1514 * 10 + 634 and burst["seconds"] == pytest.approx(1.57)
+
+
+def _transfer(client: int, direction: str, start: float, seconds: float, nbytes: float) -> dict:
+    return {"client": client, "node": client, "tier": 1.0, "direction": direction, "time": start, "start": start,
+            "end": start + seconds, "seconds": seconds, "bytes": nbytes, "shaped": seconds,
+            "predicted_seconds": seconds, "predicted_bytes": nbytes, "payload_bytes": None, "message": None,
+            "step": None}
+
+
+def test_messages_are_matched_to_their_transfers_and_the_latency_is_fitted():
+    """Hand-made records with a known answer: three replies whose round trips hold
+    1.35, 0.65 and 0.95 s beyond their transfers and training (median 0.95: 0.475 s per
+    message, charged on the download and on the upload), a timeout, and a transfer of
+    another client that belongs to no message."""
+    t0 = 1_000_000.0
+    transfers = [_transfer(0, "down", 1.0, 0.5, 90_000), _transfer(0, "up", 3.0, 1.0, 95_000),
+                 _transfer(0, "down", 10.0, 0.4, 90_000), _transfer(0, "up", 11.0, 0.8, 95_000),
+                 _transfer(1, "down", 1.0, 2.0, 40_000), _transfer(1, "up", 20.0, 2.0, 40_000),
+                 _transfer(1, "down", 30.0, 2.0, 40_000), _transfer(1, "up", 40.0, 2.0, 40_000)]
+
+    def msg(iid: str, client: int, sent: float, replied: float, compute: float | None, outcome: str = "reply"):
+        return {"instruction": iid, "node": 100 + client, "client": client, "step": 0, "sent": t0 + sent,
+                "replied": t0 + replied, "round_trip": replied - sent, "bytes_down": 86_000, "bytes_up": 86_000,
+                "compute_s": compute, "outcome": outcome}
+
+    messages = [msg("a", 0, 0.95, 4.3, 0.5),  # 3.35 - 0.5 - 1.0 - 0.5 = 1.35
+                msg("b", 0, 9.9, 12.45, 0.7),  # 2.55 - 0.4 - 0.8 - 0.7 = 0.65
+                msg("c", 1, 18.0, 22.95, 0.0),  # 4.95 - 2.0 (no download seen) -> no latency
+                msg("d", 1, 29.9, 44.95, 10.0),  # 15.05 - 2.0 - 2.0 - 10.0 = 1.05
+                msg("e", 1, 50.0, 170.0, None, "timeout")]
+    matched = tb.match_messages(transfers, messages, t0)
+    by_id = {m["instruction"]: m for m in matched}
+    assert by_id["a"]["latency_s"] == pytest.approx(1.35) and by_id["b"]["latency_s"] == pytest.approx(0.65)
+    assert by_id["c"]["latency_s"] is None and by_id["c"]["down_s"] is None and by_id["c"]["up_s"] == 2.0
+    assert by_id["d"]["latency_s"] == pytest.approx(1.05) and by_id["e"]["latency_s"] is None
+    assert by_id["a"]["sent"] == pytest.approx(0.95) and by_id["a"]["down_wire_bytes"] == 90_000
+    assert [t["message"] for t in transfers] == ["a", "a", "b", "b", None, "c", "d", "d"]
+    assert transfers[0]["payload_bytes"] == 86_000 and transfers[4]["payload_bytes"] is None
+    fit = tb.fit_message_latency(matched)
+    assert fit["n"] == 3 and fit["per_message"]["median"] == pytest.approx(1.05)
+    assert fit["message_latency"] == pytest.approx(1.05 / 2)
+    assert fit["compute_s"]["median"] == pytest.approx(0.7)
+    assert tb.fit_message_latency([]) == {"n": 0, "message_latency": 0.0}
+    # a negative median (transfers overlapping the training) fits no latency
+    neg = [{**m, "latency_s": -0.2} for m in matched if m["latency_s"] is not None]
+    assert tb.fit_message_latency(neg)["message_latency"] == 0.0
+
+
+def test_the_comparison_table_has_a_column_per_prediction():
+    ratios = {"1 down": {"measured/predicted": {"n": 3, "median": 1.1, "p25": 1.0, "p75": 1.2, "min": 1.0,
+                                                "max": 1.3}}}
+    at = {"step": 9, "accuracy": 0.9, "client_uploads": [5, 4]}
+    result = {"at_time": {"time": 30.0, "deployed": {"step": 8, "accuracy": 0.85, "client_uploads": [4, 4]},
+                          "simulated": at},
+              "predictions": [{"name": f"p{i}", "dir": f"sim{i}", "compute_s": 0.1, "message_bytes": 1000.0 * i,
+                               "message_latency": 0.25 * (i == 3), "at_time": at, "transfer_ratios": ratios}
+                              for i in range(4)]}
+    table = tb.comparison_table(result)
+    assert "(4) p3" in table[3] and table[4].count("|") == 7
+    assert any(line.startswith("| largest uploads deviation") and "20 %" in line for line in table)  # |4 - 5| / 5
+    assert any("1.10 [1.00-1.20]" in line for line in table)
+
+
 # -- shaped links -------------------------------------------------------------------------------
 @needs_netns
 @pytest.mark.slow
@@ -214,6 +306,21 @@ def test_flower_run_across_the_testbed_and_its_teardown(tmp_path):
     # every reply crossed its node's shaped uplink: wire bytes >= the payload the server counted
     assert sum(link["bytes_up"] for link in result["links"]) >= result["deployed"]["bytes_up"]
     assert "uploads per client, simulated" in res.stdout
+    # every transfer is kept in testbed.json, tied to its message where it had one
+    kept = result["transfers"]
+    assert kept and all({"node", "direction", "bytes", "start", "end", "seconds", "predicted_seconds",
+                         "payload_bytes", "message"} <= set(t) for t in kept)
+    assert all(t["end"] >= t["start"] and 0 < t["seconds"] < 120 for t in kept)
+    tied = [t for t in kept if t["message"] is not None]
+    assert tied and all(t["bytes"] >= 0.5 * t["payload_bytes"] for t in tied), tied
+    assert all(t["bytes"] < 5 * t["payload_bytes"] + 50_000 for t in tied), tied
+    replies = [m for m in result["messages"] if m["outcome"] == "reply"]
+    assert len(replies) >= 4 and all(m["compute_s"] is not None and m["compute_s"] >= 0 for m in replies)
+    assert all(0 < m["round_trip"] < 120 and m["bytes_down"] > 0 and m["bytes_up"] > 0 for m in replies)
+    fit = result["latency_fit"]
+    assert fit["n"] >= 1 and fit["message_latency"] >= 0
+    assert [p["dir"] for p in result["predictions"]][-1] == "sim-latency"
+    assert (out / "sim-latency" / "metrics.jsonl").exists() and "network.message_latency =" in res.stdout
 
 
 @needs_netns
