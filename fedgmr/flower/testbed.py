@@ -155,6 +155,14 @@ def _kill_namespace_pids(ns: str, grace: float = 5.0) -> None:
             pass
 
 
+#: bytes on the wire (Ethernet 14 + IPv4 20 + TCP 32 with timestamps) per TCP payload byte
+#: in full segments (MSS 1448 on an MTU of 1500): the links are shaped to the simulator's
+#: rate times this, so that a transfer's payload goes at the simulator's rate. Shaped at the
+#: bare rate, plain TCP downloads and uploads took 1.035-1.047x their time
+#: (``benchmarks/testbed_downlink.py``)
+WIRE_PER_PAYLOAD = 1514 / 1448
+
+
 def _burst(rate: float) -> int:
     """Token bucket size in bytes: 5 ms at the rate, at least one full frame (a bigger
     bucket would let a slow link's first kilobytes through at line rate)."""
@@ -196,7 +204,8 @@ def _class_bytes(ns: str, dev: str) -> int:
 @dataclass
 class ShapedNetwork:
     """A context manager: a server namespace and one namespace per node, joined by shaped
-    veth pairs. ``down[i]``/``up[i]`` are node ``i``'s rates in bytes per second.
+    veth pairs. ``down[i]``/``up[i]`` are node ``i``'s rates in bytes per second of TCP
+    payload (each token bucket runs at ``wire`` times that: the packets' headers).
 
     Everything made is removed on leaving, whatever happened inside; processes started with
     :meth:`popen` are stopped first (their process groups), then anything else still inside
@@ -209,6 +218,7 @@ class ShapedNetwork:
     nodes: list[NodeLink] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     procs: list[tuple[str, subprocess.Popen, Any]] = field(default_factory=list)
+    wire: float = WIRE_PER_PAYLOAD
 
     def __post_init__(self) -> None:
         if len(self.down) != len(self.up):
@@ -258,8 +268,9 @@ class ShapedNetwork:
                 # rate (docs/distributed.md section 4); tbf with a bucket smaller than a GSO
                 # super-packet cuts it into frames and charges each. The queue is long
                 # enough that TCP never loses a packet to it
+                wire = rate * self.wire
                 _run(["tc", "-n", side_ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
-                      f"{int(rate * 8)}bit", "burst", str(_burst(rate)), "limit", str(_queue(rate))])
+                      f"{int(wire * 8)}bit", "burst", str(_burst(wire)), "limit", str(_queue(wire))])
             self.nodes.append(link)
 
     def close(self) -> None:
@@ -505,7 +516,8 @@ class LinkSampler(threading.Thread):
         return [(t, v[col]) for t, v in self.samples]
 
 
-def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: float) -> list[dict[str, float]]:
+def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: float,
+                   edges: float | None = None) -> list[dict[str, float]]:
     """The bursts of a byte counter: runs of increases with no pause longer than a few
     packets' time at ``rate``; those of at least ``min_bytes``. Each has its start (the
     last sample before the first increase), its duration (to the last increase) and bytes.
@@ -513,7 +525,12 @@ def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: 
     A burst's edges are trimmed of chatter (:func:`_trim`): small increments (under 1000 B:
     a SYN, a FIN, a protocol's headers or poll) cut off from the bulk by a pause much longer
     than their own time at ``rate``. Untrimmed, they added 0.14-0.26 s to plain TCP
-    downloads of 16-430 kB (``benchmarks/testbed_downlink.py``)."""
+    downloads of 16-430 kB (``benchmarks/testbed_downlink.py``).
+
+    ``edges`` (bytes/s on the wire: the shaped rate) places the start and the end between
+    their samples: the first increment cannot have taken less than its bytes at that rate
+    after the sample before it, nor the last one before the sample before it. A sampler
+    that was late (a loaded machine) then no longer stretches a transfer by its delay."""
     gap = max(0.25, 4 * 1514 / rate)
     out: list[dict[str, float]] = []
     run: list[tuple[float, int]] = []  # every sample from the one before the burst's first increase
@@ -524,10 +541,14 @@ def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: 
             return
         ups = [run[0]] + [p for q, p in zip(run, run[1:]) if p[1] > q[1]]
         kept = _trim(ups, rate)
-        first = run.index(kept[1])
+        first, last = run.index(kept[1]), run.index(kept[-1])
         start_t, start_v = run[first - 1]  # the last sample before the first increase kept
+        end_t = kept[-1][0]
+        if edges is not None:  # the first and last increments went at the shaped rate at most
+            start_t = max(start_t, run[first][0] - (run[first][1] - start_v) / edges)
+            end_t = min(end_t, run[last - 1][0] + (kept[-1][1] - run[last - 1][1]) / edges)
         if kept[-1][1] - start_v >= min_bytes:
-            out.append({"start": start_t, "seconds": kept[-1][0] - start_t, "bytes": float(kept[-1][1] - start_v)})
+            out.append({"start": start_t, "seconds": end_t - start_t, "bytes": float(kept[-1][1] - start_v)})
 
     prev = (series[0] if series else (0.0, 0))
     for t, v in series[1:]:
@@ -782,8 +803,9 @@ def _predictions(raw: dict[str, Any], cfg: Any, out: Path, scale: float, sampler
                      "message_bytes": 0.0, "message_latency": 0.0, "at_time": result.get("at_time_clientapp_time"),
                      "transfer_ratios": second.get("transfer_ratios")})
     # the transport's bytes per message (network.message_bytes): the median of what each
-    # measured transfer carried beyond its predicted payload
-    extra = [t["bytes"] - t["predicted_bytes"] for t in measured]
+    # measured transfer carried beyond its predicted payload, in payload bytes (the links
+    # carry the packets' headers at WIRE_PER_PAYLOAD times the simulator's rate)
+    extra = [t["bytes"] / WIRE_PER_PAYLOAD - t["predicted_bytes"] for t in measured]
     overhead = max(0.0, statistics.median(extra)) if extra else 0.0
     if apps and extra:
         result["message_bytes"] = overhead
@@ -966,14 +988,15 @@ def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: S
             if not pred or sampler is None or not sampler.samples:
                 continue
             smallest = min(p["bytes"] for p in pred)
-            seen = find_transfers(sampler.series(c, direction), rate, max(3000.0, 0.5 * smallest))
+            seen = find_transfers(sampler.series(c, direction), rate, max(3000.0, 0.5 * smallest),
+                                  edges=rate * WIRE_PER_PAYLOAD)
             pred_med_s = statistics.median(p["seconds"] for p in pred)
             pred_med_b = statistics.median(p["bytes"] for p in pred)
             for m in seen:
                 start = m["start"] - t0
                 transfers.append({"client": c, "node": c, "tier": tiers[c], "direction": direction, "time": start,
                                   "start": round(start, 4), "end": round(start + m["seconds"], 4),
-                                  "seconds": m["seconds"], "bytes": m["bytes"], "shaped": m["bytes"] / rate,
+                                  "seconds": m["seconds"], "bytes": m["bytes"], "shaped": m["bytes"] / (rate * WIRE_PER_PAYLOAD),
                                   "predicted_seconds": pred_med_s, "predicted_bytes": pred_med_b,
                                   "payload_bytes": None, "message": None, "step": None})
     for d in sorted(set(tiers), reverse=True):

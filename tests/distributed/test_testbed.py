@@ -136,6 +136,18 @@ def test_find_transfers_trims_chatter_at_a_bursts_edges():
     assert burst["bytes"] == 1514 * 10 + 634 and burst["seconds"] == pytest.approx(1.57)
 
 
+def test_find_transfers_places_the_edges_between_late_samples():
+    """With ``edges`` (the shaped wire rate), a sampler that ran late before the first and
+    the last increment does not stretch the transfer: 20 kB at 100 kB/s are 0.2 s (not 0.68)."""
+    rate = 100_000.0
+    series = [(0.0, 0), (0.5, 0)]  # the sampler stalled: the next sample comes 0.3 s late
+    series += [(0.8, 1000), *((0.8 + 0.01 * i, 1000 + 1000 * i) for i in range(1, 19)), (1.18, 20_000), (2.0, 20_000)]
+    (plain,) = tb.find_transfers(series, rate, min_bytes=3000)
+    (edged,) = tb.find_transfers(series, rate, min_bytes=3000, edges=rate)
+    assert plain["seconds"] == pytest.approx(0.68) and plain["bytes"] == edged["bytes"] == 20_000
+    assert edged["start"] == pytest.approx(0.79) and edged["seconds"] == pytest.approx(0.2)
+
+
 def _transfer(client: int, direction: str, start: float, seconds: float, nbytes: float) -> dict:
     return {"client": client, "node": client, "tier": 1.0, "direction": direction, "time": start, "start": start,
             "end": start + seconds, "seconds": seconds, "bytes": nbytes, "shaped": seconds,
