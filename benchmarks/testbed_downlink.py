@@ -17,8 +17,9 @@ a quiet link with the testbed's shaping:
 It also times each download from the server end's byte counter, as the testbed does
 (:class:`~fedgmr.flower.testbed.LinkSampler` + :func:`~fedgmr.flower.testbed.find_transfers`),
 to see what that measurement adds. ``--bare --old-detector`` measures as the testbed did
-before issue 43's fixes (links shaped at the payload rate, bursts untrimmed). Needs root, ``ip`` and ``tc``; everything it makes is
-removed on the way out. Run: ``python benchmarks/testbed_downlink.py [--repeats 3]``.
+before issue 43's fixes (links shaped at the payload rate, bursts untrimmed). Needs root,
+``ip`` and ``tc``; everything it makes is removed on the way out. Run (as root):
+``python benchmarks/testbed_downlink.py [--repeats 3] [--json rows.json]``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -777,10 +778,11 @@ def _predictions(raw: dict[str, Any], cfg: Any, out: Path, scale: float, sampler
     result["compute_seconds_per_round"] = compute
     result["t0"] = t0
     result["simulated"], predicted = predict_run(raw, out / "sim", scale, compute, wall)
-    first = compare(sampler, t0, down, up, tiers, predicted, deployed, out / "sim", logs)
+    sent = summary.get("messages") or []
+    first = compare(sampler, t0, down, up, tiers, predicted, deployed, out / "sim", logs, sent)
     measured = first.pop("transfers")
+    messages = first.pop("messages", [])
     result.update(first)
-    messages = match_messages(measured, summary.get("messages") or [], t0)
     result["transfers"], result["messages"] = measured, messages
     (out / "transfers.json").write_text(json.dumps(measured, indent=1))
     fit = fit_message_latency(messages)
@@ -796,22 +798,23 @@ def _predictions(raw: dict[str, Any], cfg: Any, out: Path, scale: float, sampler
         result["clientapp_seconds"] = _quantiles(apps)
         result["simulated_clientapp_time"], predicted2 = predict_run(raw, out / "sim-clientapp", scale,
                                                                      statistics.median(apps), wall)
-        second = compare(sampler, t0, down, up, tiers, predicted2, deployed, out / "sim-clientapp", logs)
+        second = compare(sampler, t0, down, up, tiers, predicted2, deployed, out / "sim-clientapp", logs, sent)
         if second.get("at_time"):
             result["at_time_clientapp_time"] = second["at_time"]["simulated"]
         runs.append({"name": "measured ClientApp time", "dir": "sim-clientapp", "compute_s": statistics.median(apps),
                      "message_bytes": 0.0, "message_latency": 0.0, "at_time": result.get("at_time_clientapp_time"),
                      "transfer_ratios": second.get("transfer_ratios")})
     # the transport's bytes per message (network.message_bytes): the median of what each
-    # measured transfer carried beyond its predicted payload, in payload bytes (the links
+    # measured transfer carried beyond its predicted payload (bursts beside a message's
+    # payload left out), in payload bytes (the links
     # carry the packets' headers at WIRE_PER_PAYLOAD times the simulator's rate)
-    extra = [t["bytes"] / WIRE_PER_PAYLOAD - t["predicted_bytes"] for t in measured]
+    extra = [t["bytes"] / WIRE_PER_PAYLOAD - t["predicted_bytes"] for t in measured if t.get("role") != "beside"]
     overhead = max(0.0, statistics.median(extra)) if extra else 0.0
     if apps and extra:
         result["message_bytes"] = overhead
         result["simulated_overhead"], predicted3 = predict_run(raw, out / "sim-overhead", scale,
                                                                statistics.median(apps), wall, message_bytes=overhead)
-        third = compare(sampler, t0, down, up, tiers, predicted3, deployed, out / "sim-overhead", logs)
+        third = compare(sampler, t0, down, up, tiers, predicted3, deployed, out / "sim-overhead", logs, sent)
         result["transfer_ratios_overhead"] = third.get("transfer_ratios")
         if third.get("at_time"):
             result["at_time_overhead"] = third["at_time"]["simulated"]
@@ -824,7 +827,7 @@ def _predictions(raw: dict[str, Any], cfg: Any, out: Path, scale: float, sampler
         result["simulated_latency"], predicted4 = predict_run(raw, out / "sim-latency", scale, train, wall,
                                                               message_bytes=overhead,
                                                               message_latency=fit["message_latency"])
-        fourth = compare(sampler, t0, down, up, tiers, predicted4, deployed, out / "sim-latency", logs)
+        fourth = compare(sampler, t0, down, up, tiers, predicted4, deployed, out / "sim-latency", logs, sent)
         result["transfer_ratios_latency"] = fourth.get("transfer_ratios")
         if fourth.get("at_time"):
             result["at_time_latency"] = fourth["at_time"]["simulated"]
@@ -845,12 +848,15 @@ def match_messages(transfers: list[dict[str, Any]], messages: Sequence[dict[str,
     ``messages`` are the ServerApp's records (``summary.json``'s ``messages``: epoch
     ``sent``/``replied``, ``client``, ``bytes_down``/``bytes_up`` payload, ``compute_s``);
     ``transfers`` those of :func:`compare` (``start``/``end`` in seconds since ``t0``), which
-    get ``message``, ``step`` and ``payload_bytes``. A client has one instruction in flight
+    get ``message``, ``step``, ``payload_bytes`` and ``role``: ``payload`` for the largest
+    burst of its message in its direction, ``beside`` for the others (requests and ACKs
+    going up while a download comes down, a reply split by a pause). A client has one instruction in flight
     at a time, so every ``down`` transfer of its link that starts within ``slack`` seconds
     of ``[sent, replied]`` belongs to it, and every ``up`` transfer that ends there. A
-    message's ``latency_s`` is its round trip less its transfers (all of them, in each
-    direction) and its reported compute time: None when a direction saw no transfer or
-    the client reported no compute time."""
+    message's ``latency_s`` is its round trip less the time its link was busy with it
+    (``busy_s``: all its transfers, either way, counted once where they overlap) and its
+    reported compute time: None when a direction saw no transfer or the client reported
+    no compute time."""
     out = []
     for m in sorted(messages, key=lambda m: m["sent"]):
         sent, replied = m["sent"] - t0, m["replied"] - t0
@@ -865,14 +871,29 @@ def match_messages(transfers: list[dict[str, Any]], messages: Sequence[dict[str,
                 t["payload_bytes"] = m["bytes_down"] if t["direction"] == "down" else m["bytes_up"]
                 mine[t["direction"]].append(t)
         for d in ("down", "up"):
+            for i, t in enumerate(sorted(mine[d], key=lambda t: -t["bytes"])):
+                t["role"] = "beside" if i else "payload"  # its largest burst that way carried the payload
             rec[f"{d}_s"] = round(sum(t["seconds"] for t in mine[d]), 4) if mine[d] else None
             rec[f"{d}_wire_bytes"] = sum(t["bytes"] for t in mine[d]) if mine[d] else None
             rec[f"{d}_transfers"] = len(mine[d])
+        # the time its link was busy with it, either way: requests and ACKs that go up
+        # while a download comes down (or the reverse) are not counted twice
+        rec["busy_s"] = round(_union([(t["start"], t["end"]) for t in mine["down"] + mine["up"]]), 4)
         ok = m.get("outcome") == "reply" and rec["down_s"] is not None and rec["up_s"] is not None \
             and m.get("compute_s") is not None
-        rec["latency_s"] = round(m["round_trip"] - rec["down_s"] - rec["up_s"] - m["compute_s"], 4) if ok else None
+        rec["latency_s"] = round(m["round_trip"] - rec["busy_s"] - m["compute_s"], 4) if ok else None
         out.append(rec)
     return out
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals."""
+    total, reach = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def fit_message_latency(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -976,9 +997,12 @@ def _quantiles(values: Sequence[float]) -> dict[str, float]:
 
 def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: Sequence[float],
             tiers: Sequence[float], predicted: list[dict[str, Any]], deployed: Path, simulated: Path,
-            logs: Path) -> dict[str, Any]:
+            logs: Path, messages: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Measured transfers (bursts on each link's counters) against the simulator's, per
-    tier and direction; uploads per client and accuracy at matching times."""
+    tier and direction; uploads per client and accuracy at matching times. With the
+    ServerApp's ``messages``, each transfer is tied to its message (:func:`match_messages`,
+    returned as ``messages``) and the per-tier ratios leave out the bursts beside a
+    message's payload."""
     n = len(tiers)
     transfers: list[dict[str, Any]] = []
     per_tier: dict[str, dict[str, Any]] = {}
@@ -996,12 +1020,15 @@ def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: S
                 start = m["start"] - t0
                 transfers.append({"client": c, "node": c, "tier": tiers[c], "direction": direction, "time": start,
                                   "start": round(start, 4), "end": round(start + m["seconds"], 4),
-                                  "seconds": m["seconds"], "bytes": m["bytes"], "shaped": m["bytes"] / (rate * WIRE_PER_PAYLOAD),
+                                  "seconds": m["seconds"], "bytes": m["bytes"],
+                                  "shaped": m["bytes"] / (rate * WIRE_PER_PAYLOAD),
                                   "predicted_seconds": pred_med_s, "predicted_bytes": pred_med_b,
                                   "payload_bytes": None, "message": None, "step": None})
+    matched = match_messages(transfers, messages, t0) if messages else None
     for d in sorted(set(tiers), reverse=True):
         for direction in ("down", "up"):
-            ts = [t for t in transfers if t["tier"] == d and t["direction"] == direction]
+            ts = [t for t in transfers if t["tier"] == d and t["direction"] == direction
+                  and t.get("role") != "beside"]
             if ts:
                 per_tier[f"{d:g} {direction}"] = {
                     "measured/predicted": _quantiles([t["seconds"] / t["predicted_seconds"] for t in ts]),
@@ -1009,11 +1036,13 @@ def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: S
                     "wire bytes/payload": _quantiles([t["bytes"] / t["predicted_bytes"] for t in ts])}
     dep, sim = _records(deployed), _records(simulated)
     out: dict[str, Any] = {"transfers": transfers, "transfer_ratios": per_tier}
+    if matched is not None:
+        out["messages"] = matched
     if dep and sim:
         end = min(dep[-1]["time"], sim[-1]["time"])
         a, b = _at(dep, end), _at(sim, end)
-        ups = [sum(1 for t in transfers if t["client"] == c and t["direction"] == "up" and t["time"] <= end)
-               for c in range(n)]
+        ups = [sum(1 for t in transfers if t["client"] == c and t["direction"] == "up" and t["time"] <= end
+                   and t.get("role") != "beside") for c in range(n)]
         out["at_time"] = {"time": end,
                           "deployed": {"step": a.get("step"), "accuracy": a.get("accuracy"),
                                        "uploads": a.get("uploads"), "restorations": a.get("restorations"),
@@ -1023,7 +1052,8 @@ def compare(sampler: LinkSampler | None, t0: float, down: Sequence[float], up: S
                                         "uploads": b.get("uploads"), "restorations": b.get("restorations"),
                                         "client_uploads": b.get("client_uploads")}}
         grid = sorted({r["time"] for r in dep if r["time"] <= end})
-        out["accuracy_vs_time"] = [{"time": t, "deployed": _at(dep, t)["accuracy"], "simulated": _at(sim, t)["accuracy"]}
+        out["accuracy_vs_time"] = [{"time": t, "deployed": _at(dep, t)["accuracy"],
+                                    "simulated": _at(sim, t)["accuracy"]}
                                    for t in grid]
     return out
 

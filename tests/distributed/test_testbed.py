@@ -157,11 +157,12 @@ def _transfer(client: int, direction: str, start: float, seconds: float, nbytes:
 
 def test_messages_are_matched_to_their_transfers_and_the_latency_is_fitted():
     """Hand-made records with a known answer: three replies whose round trips hold
-    1.35, 0.65 and 0.95 s beyond their transfers and training (median 0.95: 0.475 s per
-    message, charged on the download and on the upload), a timeout, and a transfer of
-    another client that belongs to no message."""
+    1.35, 0.65 and 1.05 s beyond their transfers and training (median 1.05: 0.525 s per
+    message, charged on the download and on the upload), one with no download seen, a
+    timeout, and a transfer of another client that belongs to no message."""
     t0 = 1_000_000.0
-    transfers = [_transfer(0, "down", 1.0, 0.5, 90_000), _transfer(0, "up", 3.0, 1.0, 95_000),
+    transfers = [_transfer(0, "down", 1.0, 0.5, 90_000), _transfer(0, "up", 1.1, 0.3, 4_000),  # requests, ACKs
+                 _transfer(0, "up", 3.0, 1.0, 95_000),
                  _transfer(0, "down", 10.0, 0.4, 90_000), _transfer(0, "up", 11.0, 0.8, 95_000),
                  _transfer(1, "down", 1.0, 2.0, 40_000), _transfer(1, "up", 20.0, 2.0, 40_000),
                  _transfer(1, "down", 30.0, 2.0, 40_000), _transfer(1, "up", 40.0, 2.0, 40_000)]
@@ -182,8 +183,11 @@ def test_messages_are_matched_to_their_transfers_and_the_latency_is_fitted():
     assert by_id["c"]["latency_s"] is None and by_id["c"]["down_s"] is None and by_id["c"]["up_s"] == 2.0
     assert by_id["d"]["latency_s"] == pytest.approx(1.05) and by_id["e"]["latency_s"] is None
     assert by_id["a"]["sent"] == pytest.approx(0.95) and by_id["a"]["down_wire_bytes"] == 90_000
-    assert [t["message"] for t in transfers] == ["a", "a", "b", "b", None, "c", "d", "d"]
-    assert transfers[0]["payload_bytes"] == 86_000 and transfers[4]["payload_bytes"] is None
+    # the uplink burst inside the download is counted once: busy 1.5 s, not 1.8 s
+    assert by_id["a"]["up_s"] == pytest.approx(1.3) and by_id["a"]["busy_s"] == pytest.approx(1.5)
+    assert by_id["a"]["up_transfers"] == 2
+    assert [t["message"] for t in transfers] == ["a", "a", "a", "b", "b", None, "c", "d", "d"]
+    assert transfers[0]["payload_bytes"] == 86_000 and transfers[5]["payload_bytes"] is None
     fit = tb.fit_message_latency(matched)
     assert fit["n"] == 3 and fit["per_message"]["median"] == pytest.approx(1.05)
     assert fit["message_latency"] == pytest.approx(1.05 / 2)
@@ -323,9 +327,10 @@ def test_flower_run_across_the_testbed_and_its_teardown(tmp_path):
     assert kept and all({"node", "direction", "bytes", "start", "end", "seconds", "predicted_seconds",
                          "payload_bytes", "message"} <= set(t) for t in kept)
     assert all(t["end"] >= t["start"] and 0 < t["seconds"] < 120 for t in kept)
-    tied = [t for t in kept if t["message"] is not None]
+    tied = [t for t in kept if t["message"] is not None and t["role"] == "payload"]
     assert tied and all(t["bytes"] >= 0.5 * t["payload_bytes"] for t in tied), tied
     assert all(t["bytes"] < 5 * t["payload_bytes"] + 50_000 for t in tied), tied
+    assert {t["message"] for t in tied} == {m["instruction"] for m in result["messages"] if m["down_s"] is not None}
     replies = [m for m in result["messages"] if m["outcome"] == "reply"]
     assert len(replies) >= 4 and all(m["compute_s"] is not None and m["compute_s"] >= 0 for m in replies)
     assert all(0 < m["round_trip"] < 120 and m["bytes_down"] > 0 and m["bytes_up"] > 0 for m in replies)
