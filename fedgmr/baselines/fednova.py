@@ -30,6 +30,7 @@ from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
 from fedgmr.strategy.server_halves import SERVER_HALVES
 from fedgmr.training.client_methods import CLIENT_METHODS, ClientResult, SGDClient
+from fedgmr.training.extras import ExtrasSchema, ExtraSpec
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,9 @@ def fednova_server_model(received: torch.Tensor, models: list[torch.Tensor], tau
 class FedNovaClient(SGDClient):
     """Masked local SGD that reports its local steps tau_i (``raw_extras["tau"]``)."""
 
-    returns_extras: ClassVar[tuple[str, ...]] = ("tau",)
+    #: tau_i, one float (the server checks it is a whole number of steps within its bound)
+    reply_extras: ClassVar[ExtrasSchema] = (ExtraSpec("tau", "whole", "a FedNova reply needs tau: its local steps, "
+                                                                      "one float", flat=False, finite=False),)
 
     def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
               val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:
@@ -78,6 +81,8 @@ class FedNovaStrategy(MaskedBufferedStrategy):
     configured rule is not used for the weights; sample counts weight the clients, as the
     server knows them). ``max_tau``: the most local steps a reply may report."""
 
+    reply_extras = FedNovaClient.reply_extras
+
     def __init__(self, *args: Any, max_tau: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if max_tau < 1:
@@ -92,23 +97,15 @@ class FedNovaStrategy(MaskedBufferedStrategy):
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, reply_plain=1))
 
     def receive(self, reply: Reply) -> bool:
-        tau = reply.extras.get("tau") if isinstance(reply.extras, dict) else None
-        try:
-            tau = self._check_tau(tau)
-        except InvalidUpdateError as exc:
-            return self.reject(reply.client_id, str(exc))
         accepted = super().receive(reply)
         if accepted:
-            self._taus[reply.client_id] = tau
+            self._taus[reply.client_id] = float(self._incoming[reply.client_id].extras["tau"].reshape(()))
         return accepted
 
-    def _check_tau(self, tau: Any) -> float:
-        if not isinstance(tau, torch.Tensor) or tau.numel() != 1 or not tau.is_floating_point():
-            raise InvalidUpdateError("a FedNova reply needs tau: its local steps, one float")
-        value = float(tau.reshape(()))
+    def _check_extra_values(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
+        value = float(extras["tau"].reshape(()))
         if not math.isfinite(value) or value != int(value) or not 1 <= value <= self.max_tau:
             raise InvalidUpdateError(f"tau must be a whole number of local steps in [1, {self.max_tau}], got {value}")
-        return value
 
     def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
               used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

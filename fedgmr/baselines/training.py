@@ -40,6 +40,7 @@ from fedgmr.baselines.structure import WidthStructure
 from fedgmr.models import build_model
 from fedgmr.models.scaler import attach_scaler
 from fedgmr.training.client_base import ClientResult
+from fedgmr.training.extras import ExtrasSchema
 from fedgmr.training.evaluate import evaluate
 from fedgmr.training.local import (FlatSGD, TrainOutcome, TrainSettings, flat_backward, masked_local_training,
                                    run_local_steps)
@@ -66,7 +67,7 @@ class _Stateless:
 
     stateful: ClassVar[bool] = False
     needs_extras: ClassVar[tuple[str, ...]] = ()
-    returns_extras: ClassVar[tuple[str, ...]] = ()
+    reply_extras: ClassVar[ExtrasSchema] = ()
 
     def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
               val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:

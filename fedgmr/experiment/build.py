@@ -338,7 +338,12 @@ def _server_parts(cfg: ExperimentConfig, data: FederatedData, partition: Partiti
         parts.append(ServerPart(f"submodel.policy {cfg.submodel.policy!r}", baseline.strategy_cls,
                                 dict(baseline.strategy_kwargs)))
     half_cls, half_kwargs = server_half(cfg, model, space)  # the client method's server half
-    parts.append(ServerPart(f"local.algorithm {cfg.local.algorithm!r}", half_cls, half_kwargs))
+    from fedgmr.training.client_methods import client_method
+
+    method = baseline.client_method if baseline is not None and baseline.client_method is not None \
+        else client_method(cfg.local)  # what its replies carry, as it declares it (a class attribute)
+    parts.append(ServerPart(f"local.algorithm {cfg.local.algorithm!r}", half_cls, half_kwargs,
+                            tuple(getattr(method, "reply_extras", ()))))
     distill_cls, distill_kwargs, proxy = distill_half(  # federated distillation (FedDF, FedMD)
         cfg, data, factory, space, device, lambda: client_splits(cfg, data, partition).server_val, baseline)
     parts.append(ServerPart("distill.server (FedDF)" if cfg.distill.server else f"local.algorithm {cfg.local.algorithm!r}",

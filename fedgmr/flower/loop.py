@@ -178,7 +178,7 @@ class BufferedServerLoop:
     on_record: called with each metrics record.
     quarantine: when a node's rejected replies quarantine it (default: never).
     client_extras: the names of what the client method sends beside its values
-        (``returns_extras``); those an assignment does not ask for at the values'
+        (the names of its ``reply_extras``); those an assignment does not ask for at the values'
         coordinates (``Wire.reply_beside``) hold its ``Wire.reply_plain`` values in all.
     """
 

@@ -45,6 +45,7 @@ from fedgmr.flower.client import load_run_config
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings, bound_influence, summary
 from fedgmr.flower.quarantine import QuarantinePolicy
 from fedgmr.flower.run_config import DeploymentConfig, parse_run_config
+from fedgmr.training.extras import extra_names
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ def serve(link: GridLink, run_config: Mapping[str, Any]) -> dict[str, Any]:
         loop = BufferedServerLoop(exp.strategy, link, nodes[:n], exp.simulator.evaluator, settings,
                                   workload.settings, cfg.seed, wants_client_validation(cfg), on_record,
                                   quarantine=quarantine,
-                                  client_extras=tuple(getattr(method, "returns_extras", ())))
+                                  client_extras=extra_names(getattr(method, "reply_extras", ())))
         if quarantine.enabled:
             log.info("quarantine: %d invalid replies within %g s keep a node out for %g s", quarantine.after,
                      quarantine.window, quarantine.seconds)

@@ -36,6 +36,7 @@ from fedgmr.errors import InvalidUpdateError
 from fedgmr.registry import Registry
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.training.model_choice import MODEL_LOSSES
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class IfcaStrategy(ClusteredStrategy):
     update joins the cluster whose model had the lowest loss on its data."""
 
     initial_cluster = -1
+    reply_extras = (MODEL_LOSSES,)  # the client's losses of the models offered, checked by the base class
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -209,17 +211,9 @@ class IfcaStrategy(ClusteredStrategy):
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=tuple(models), reply_plain=len(models)))
 
     def receive(self, reply: Reply) -> bool:
-        losses = reply.extras.get("model_losses") if isinstance(reply.extras, dict) else None
-        if isinstance(reply.client_id, int) and reply.client_id in self._outstanding:
-            k = len(self.models)
-            if not isinstance(losses, torch.Tensor) or losses.shape != (k,) or not losses.is_floating_point() \
-                    or bool(torch.isnan(losses).all()):
-                return self.reject(reply.client_id, f"an IFCA reply needs model_losses, one loss per cluster model "
-                                                    f"({k})")
         accepted = super().receive(reply)
         if accepted:
-            assert losses is not None
-            self._chosen[reply.client_id] = lowest_loss(losses.tolist())
+            self._chosen[reply.client_id] = lowest_loss(self._incoming[reply.client_id].extras["model_losses"].tolist())
         return accepted
 
     def _entry_cluster(self, e: _Entry) -> int:

@@ -5,9 +5,11 @@ Each part of a configuration that needs something of the server - a width baseli
 distillation (``distill``), clustering (``clustering.kind``) - declares a
 :class:`ServerPart`: the strategy class it brings (None: FedGMR's own
 :class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy` suffices) and the
-constructor arguments it adds. :func:`compose_strategy` takes them together: at most one
-part may bring a class (two are refused in one line naming both, never "the last one
-wins"), and two parts may not set the same argument differently.
+constructor arguments it adds, and what it expects replies to carry beside their values
+(the client method's declared ``reply_extras``). :func:`compose_strategy` takes them
+together: at most one part may bring a class (two are refused in one line naming both,
+never "the last one wins"), two parts may not set the same argument differently, and
+their reply extras are merged into the strategy's ``reply_extras`` argument.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Sequence
 
 from fedgmr.errors import ConfigError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.training.extras import ExtrasSchema, merge_schemas
 
 
 @dataclass(frozen=True)
@@ -26,11 +29,14 @@ class ServerPart:
     source: the config's words for the part (``"local.algorithm 'scaffold'"``).
     strategy_cls: the strategy class it brings (None or ``MaskedBufferedStrategy``: none of its own).
     kwargs: constructor arguments it adds.
+    reply_extras: what it expects a reply to carry beside its values
+        (:class:`~fedgmr.training.extras.ExtraSpec`; the client method's declaration).
     """
 
     source: str
     strategy_cls: type[MaskedBufferedStrategy] | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    reply_extras: ExtrasSchema = ()
 
     @property
     def brings_class(self) -> bool:
@@ -57,6 +63,12 @@ def compose_strategy(parts: Sequence[ServerPart]) -> tuple[type[MaskedBufferedSt
             owner[key] = p.source
     cls = own[0].strategy_cls if own else MaskedBufferedStrategy
     assert cls is not None
+    declared = [p for p in parts if p.reply_extras]
+    if declared:
+        try:
+            kwargs["reply_extras"] = merge_schemas(*(p.reply_extras for p in declared))
+        except ValueError as exc:
+            raise ConfigError(f"{', '.join(p.source for p in declared)}: {exc}") from None
     return cls, kwargs
 
 

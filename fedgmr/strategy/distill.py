@@ -32,6 +32,7 @@ from fedgmr.device import module_device
 from fedgmr.errors import ConfigError, InvalidUpdateError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
+from fedgmr.training.fedmd import FedMDClient
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,8 @@ class FedMDStrategy(MaskedBufferedStrategy):
     weights; each aggregation sets the consensus (their mean) that later assignments carry.
     The strategy's own parameters never change (FedMD has no global model)."""
 
+    reply_extras = FedMDClient.reply_extras  # the logits, checked by the base class
+
     def __init__(self, *args: Any, num_public: int, num_classes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.num_values = int(num_public) * int(num_classes)
@@ -224,14 +227,9 @@ class FedMDStrategy(MaskedBufferedStrategy):
                                                 reply_plain=self.num_values))
 
     def receive(self, reply: Reply) -> bool:
-        z = reply.extras.get("logits") if isinstance(reply.extras, dict) else None
-        if isinstance(reply.client_id, int) and reply.client_id in self._outstanding:
-            if not isinstance(z, torch.Tensor) or z.ndim != 1 or z.numel() != self.num_values \
-                    or not z.is_floating_point() or not all_finite(z):
-                return self.reject(reply.client_id, f"a FedMD reply needs {self.num_values} finite logits")
         accepted = super().receive(reply)
         if accepted:
-            self._logits[reply.client_id] = z.detach().to(self.device, torch.float32)
+            self._logits[reply.client_id] = self._incoming[reply.client_id].extras["logits"]
         return accepted
 
     def aggregate(self) -> StepReport:
@@ -319,8 +317,6 @@ def distill_half(cfg: Any, data: Any, model_factory: Callable[[], nn.Module], sp
 
 def attach_public(cfg: Any, workload: Any, proxy: torch.Tensor | None) -> None:
     """Give FedMD's client method the public data and the distillation settings."""
-    from fedgmr.training.fedmd import FedMDClient
-
     method = workload.client_method
     if isinstance(method, FedMDClient) and proxy is not None:
         d = cfg.distill

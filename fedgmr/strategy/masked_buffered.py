@@ -12,7 +12,7 @@ import logging
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,6 +26,7 @@ from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger
 from fedgmr.algorithm.staleness import StalenessFn
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
+from fedgmr.training.extras import ExtrasSchema, ExtraSpec, merge_schemas, validate_extras
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class _Entry:
     buffers: dict[str, torch.Tensor]
     num_processed: int
     density: float  # the client's ladder density when it was dispatched
+    #: the reply's declared extras, as checked (not in checkpoints: a part that needs
+    #: them after the step they arrived in keeps its own copy)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 #: how buffered BatchNorm statistics from sub-models fold into the global ones
@@ -104,7 +108,14 @@ class MaskedBufferedStrategy:
         :data:`NORM_WINDOW` accepted updates (before :data:`NORM_MIN_HISTORY` updates
         were accepted: the norm of what the client was sent). With ``max_update_norm``
         too, the smaller bound applies.
+
+    reply_extras: what a reply carries beside its values (the client method's
+        ``reply_extras``, :mod:`fedgmr.training.extras`), merged with the class's own
+        :attr:`reply_extras`; a reply that breaks it is rejected with the spec's message.
     """
+
+    #: reply extras every instance of the class checks (a subclass's own server half)
+    reply_extras: ExtrasSchema = ()
 
     def __init__(self, space: ParamSpace, params: torch.Tensor, buffers: dict[str, torch.Tensor],
                  policy: SubmodelPolicy, ladder: DensityLadder, rule: AggregationRule,
@@ -115,7 +126,8 @@ class MaskedBufferedStrategy:
                  bn_stats: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
                  client_samples: Sequence[int] | None = None, max_samples: int | None = None,
                  max_processed: int | None = None, max_update_norm: float | None = None,
-                 norm_multiple: float | None = None, local_coords: torch.Tensor | None = None) -> None:
+                 norm_multiple: float | None = None, local_coords: torch.Tensor | None = None,
+                 reply_extras: Sequence[ExtraSpec] = ()) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
         if bn_rule not in BN_RULES:
@@ -181,6 +193,8 @@ class MaskedBufferedStrategy:
         #: coordinates that stay on the clients (FedBN's BatchNorm layers): never uploaded,
         #: never aggregated; the global values there stay as they are
         self.local_coords = None if local_coords is None else local_coords.to(self.device, torch.bool)
+        #: the extras every reply must carry (:func:`~fedgmr.training.extras.validate_extras`)
+        self.reply_extras = merge_schemas(type(self).reply_extras, reply_extras)
 
     # ------------------------------------------------------------------ dispatch
     @property
@@ -277,6 +291,7 @@ class MaskedBufferedStrategy:
         a = self._outstanding.get(reply.client_id)
         if a is None:
             raise InvalidUpdateError("no job is outstanding for this client")
+        extras = self._check_extras(reply, a)  # before the rest, as each method's own check always was
         if isinstance(reply.version, bool) or not isinstance(reply.version, int):
             raise InvalidUpdateError(f"model version {reply.version!r} is not an integer")
         if reply.version > self.version:
@@ -340,7 +355,23 @@ class MaskedBufferedStrategy:
             values = self._clip(reply.client_id, a, mask, values, buffers, set(reply_bufs))
         processed = reply.num_processed if reply.num_processed is not None else reply.num_samples
         return _Entry(reply.client_id, reply.version, mask, values, self._samples(reply.client_id, reply.num_samples),
-                      buffers, self._cap(int(processed), self.max_processed), a.density)
+                      buffers, self._cap(int(processed), self.max_processed), a.density, extras)
+
+    def _check_extras(self, reply: Reply, a: Assignment) -> dict[str, torch.Tensor]:
+        """The reply's declared extras, checked against :attr:`reply_extras` (the
+        values' length: the reported mask's count when one is given, else the assignment's
+        reply coordinates)."""
+        if not self.reply_extras:
+            return {}
+        coords = a.reply_mask if reply.mask is None else reply.mask
+        n = mask_count(coords) if isinstance(coords, torch.Tensor) and coords.dtype == torch.bool else -1
+        extras = validate_extras(self.reply_extras, reply.extras, n, a.wire.reply_plain, self.device)
+        self._check_extra_values(reply.client_id, extras)
+        return extras
+
+    def _check_extra_values(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
+        """A server's own test of a reply's checked extras (raises InvalidUpdateError; a
+        bound only the server knows, e.g. FedNova's most local steps)."""
 
     def _cap(self, n: int, limit: int | None) -> int:
         if limit is not None and n > limit:

@@ -20,11 +20,9 @@ import torch
 
 from fedgmr.algorithm.aggregation import coverage_counts
 from fedgmr.algorithm.local_rules import scaffold_server_control
-from fedgmr.algorithm.maskinfo import mask_count
-from fedgmr.algorithm.params import all_finite
-from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.training.client_methods import ScaffoldClient
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +32,8 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
 
     server_lr: the global step size ``eta_g`` (1: the rule's result as it is).
     """
+
+    reply_extras = ScaffoldClient.reply_extras  # delta_c, checked by the base class
 
     def __init__(self, *args: Any, server_lr: float = 1.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -51,29 +51,11 @@ class ScaffoldStrategy(MaskedBufferedStrategy):
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, beside={"c": self.c}, reply_beside=("delta_c",)))
 
     def receive(self, reply: Reply) -> bool:
-        a = self._outstanding.get(reply.client_id) if isinstance(reply.client_id, int) else None
-        dc = reply.extras.get("delta_c") if isinstance(reply.extras, dict) else None
-        if a is not None:
-            mask = a.reply_mask if reply.mask is None else reply.mask
-            try:
-                dc = self._check_dc(dc, mask)
-            except InvalidUpdateError as exc:
-                return self.reject(reply.client_id, str(exc))
         accepted = super().receive(reply)
         if accepted:
-            entry_mask = self._incoming[reply.client_id].mask
-            self._pending_dc[reply.client_id] = (entry_mask, dc)
+            entry = self._incoming[reply.client_id]
+            self._pending_dc[reply.client_id] = (entry.mask, entry.extras["delta_c"])
         return accepted
-
-    def _check_dc(self, dc: Any, mask: torch.Tensor) -> torch.Tensor:
-        kept = mask_count(mask) if mask.dtype == torch.bool else -1
-        if not isinstance(dc, torch.Tensor) or dc.ndim != 1 or dc.numel() != kept or not dc.is_floating_point():
-            raise InvalidUpdateError(f"a SCAFFOLD reply needs delta_c: one float per coordinate of its values "
-                                     f"({kept})")
-        dc = dc.detach().to(self.device, torch.float32)
-        if not all_finite(dc):
-            raise InvalidUpdateError("delta_c contains NaN or Inf")
-        return dc
 
     def _server_step(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         if self.server_lr == 1.0:

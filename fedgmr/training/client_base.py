@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.local_rules import straggler_steps
 from fedgmr.algorithm.params import ParamSpace
+from fedgmr.training.extras import ExtrasSchema
 from fedgmr.training.local import LocalTerms, TrainOutcome, masked_local_training
 
 
@@ -42,9 +43,11 @@ class ClientMethod(Protocol):
 
     #: whether the client keeps state between jobs
     stateful: ClassVar[bool]
-    #: server -> client vectors a job needs (in ``job.extras``) and client -> server ones it returns
+    #: server -> client vectors a job needs (in ``job.extras``)
     needs_extras: ClassVar[tuple[str, ...]]
-    returns_extras: ClassVar[tuple[str, ...]]
+    #: client -> server vectors its replies carry, declared (:mod:`fedgmr.training.extras`):
+    #: the strategy rejects a reply that breaks the schema, on every runtime
+    reply_extras: ClassVar[ExtrasSchema]
 
     def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
               val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult: ...
@@ -79,7 +82,7 @@ class SGDClient:
     stragglers: float = 0.0
     stateful: ClassVar[bool] = False
     needs_extras: ClassVar[tuple[str, ...]] = ()
-    returns_extras: ClassVar[tuple[str, ...]] = ()
+    reply_extras: ClassVar[ExtrasSchema] = ()
 
     def steps(self, job: Any, local_steps: int) -> int:
         return straggler_steps(job.seed, self.stragglers, local_steps)

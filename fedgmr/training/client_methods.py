@@ -43,6 +43,7 @@ from fedgmr.options import check_option_names
 from fedgmr.registry import Registry
 from fedgmr.training.client_base import (ClientMethod, ClientResult, SGDClient, _full, _sub_seed,  # noqa: F401
                                         stored_model)
+from fedgmr.training.extras import ExtrasSchema, ExtraSpec
 from fedgmr.training.local import LocalTerms, masked_local_training
 
 
@@ -64,7 +65,9 @@ class ScaffoldClient(SGDClient):
 
     stateful: ClassVar[bool] = True
     needs_extras: ClassVar[tuple[str, ...]] = ("c",)
-    returns_extras: ClassVar[tuple[str, ...]] = ("delta_c",)
+    reply_extras: ClassVar[ExtrasSchema] = (ExtraSpec(
+        "delta_c", "values", "a SCAFFOLD reply needs delta_c: one float per coordinate of its values ({n})",
+        nonfinite="delta_c contains NaN or Inf"),)
 
     def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
               val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:

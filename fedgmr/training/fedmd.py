@@ -21,6 +21,7 @@ from fedgmr.algorithm.distillation import DistillLoss, batch_indices, distill_lo
 from fedgmr.algorithm.params import ParamSpace, set_buffers
 from fedgmr.device import module_device
 from fedgmr.training.client_base import ClientResult, SGDClient, stored_model
+from fedgmr.training.extras import ExtrasSchema, ExtraSpec
 
 
 def _sub_seed(seed: int, tag: int) -> int:
@@ -69,7 +70,8 @@ class FedMDClient(SGDClient):
     batch_size: int = 64
     lr: float = 1e-3
     stateful: ClassVar[bool] = True
-    returns_extras: ClassVar[tuple[str, ...]] = ("logits",)
+    #: the logits on the public set, flat, every value finite
+    reply_extras: ClassVar[ExtrasSchema] = (ExtraSpec("logits", "whole", "a FedMD reply needs {n} finite logits"),)
 
     def train(self, workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor,
               val: tuple[torch.Tensor, torch.Tensor] | None) -> ClientResult:

@@ -30,6 +30,7 @@ from fedgmr.errors import ConfigError
 from fedgmr.models import build_model
 from fedgmr.models.rep import is_representation_model
 from fedgmr.training.client_base import ClientResult
+from fedgmr.training.extras import ExtrasSchema
 from fedgmr.training.local import ModelSGDStep, TrainOutcome, run_local_steps
 from fedgmr.algorithm.losses import task_loss
 
@@ -183,7 +184,7 @@ class FedMRLClient:
     spec: MRLSpec | None = None
     stateful: ClassVar[bool] = True
     needs_extras: ClassVar[tuple[str, ...]] = ()
-    returns_extras: ClassVar[tuple[str, ...]] = ()
+    reply_extras: ClassVar[ExtrasSchema] = ()
     _cache: dict[Any, nn.Module] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -17,6 +17,18 @@ import torch
 from fedgmr.algorithm.clustering import lowest_loss
 from fedgmr.algorithm.params import set_buffers
 from fedgmr.training.evaluate import evaluate
+from fedgmr.training.extras import ExtraSpec
+
+
+def _some_loss(losses: torch.Tensor) -> str | None:
+    """A choice needs at least one loss that is a number."""
+    return MODEL_LOSSES.needs if bool(torch.isnan(losses).all()) else None
+
+
+#: what a reply to a job offering several models carries: one loss per model, float64 as
+#: computed (a NaN marks a model that could not be scored; all NaN rejects the reply)
+MODEL_LOSSES = ExtraSpec("model_losses", "whole", "an IFCA reply needs model_losses, one loss per cluster model ({n})",
+                         finite=False, dtype=None, check=_some_loss)
 
 
 def candidate_losses(workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -43,4 +55,4 @@ def choose_model(workload: Any, job: Any, x: torch.Tensor, y: torch.Tensor) -> t
     return dataclasses.replace(job, start=start, buffers=buffers, alternatives=()), losses
 
 
-__all__ = ["candidate_losses", "choose_model"]
+__all__ = ["MODEL_LOSSES", "candidate_losses", "choose_model"]

@@ -28,6 +28,7 @@ from fedgmr.flower.client import load_run_config, load_state, save_state, train_
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings
 from fedgmr.flower.payload import (decode_extras, decode_instruction, decode_reply, encode_extras, encode_instruction,
                                    encode_reply)
+from fedgmr.training.extras import extra_names
 
 _CNN = {"model": {"name": "cnn", "options": {}}}
 ROUNDS = 3
@@ -96,7 +97,7 @@ def _flower(run_config: dict[str, Any], link: StateLink) -> tuple[BufferedServer
     method = workload.client_method
     loop = BufferedServerLoop(exp.strategy, link, list(range(cfg.clients.num_clients)), exp.simulator.evaluator,
                               settings, workload.settings, cfg.seed,
-                              client_extras=tuple(getattr(method, "returns_extras", ())))
+                              client_extras=extra_names(getattr(method, "reply_extras", ())))
     loop.run()
     return loop, exp
 
