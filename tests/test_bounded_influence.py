@@ -202,7 +202,7 @@ def test_the_adaptive_bound_is_a_multiple_of_the_median_accepted_norm():
     for norm in (0.5, 1.0, 1.5, 2.0):  # history: [sent_norm, 0.5, 1, 1.5, 2] -> median 1.5
         c = st.assign(1)
         assert st.receive(Reply(1, 0, _values(st, c, norm * unit), 10)) is True
-    assert len(st._norms) == NORM_MIN_HISTORY and st.bounds.clipped == 1
+    assert len(st.influence.norms) == NORM_MIN_HISTORY and st.bounds.clipped == 1
     c = st.assign(2)
     assert st.receive(Reply(2, 0, _values(st, c, 100.0 * unit), 10)) is True
     assert float((st._buffer[2].values - st.params[c.mask]).norm()) == pytest.approx(3.0, rel=1e-4)
@@ -224,7 +224,7 @@ def test_bounds_survive_a_checkpoint():
     state, tensors = st.state_dict()
     fresh = make(norm_multiple=2.0)
     fresh.load_state_dict(json.loads(json.dumps(state)), {k: v.clone() for k, v in tensors.items()})
-    assert list(fresh._norms) == list(st._norms) and fresh.bounds == st.bounds
+    assert list(fresh.influence.norms) == list(st.influence.norms) and fresh.bounds == st.bounds
     reply = lambda: Reply(2, a2.version, sent + 100.0 * unit, 10)  # noqa: E731
     assert st.receive(reply()) is True and fresh.receive(reply()) is True
     assert torch.equal(st._buffer[2].values, fresh._buffer[2].values)

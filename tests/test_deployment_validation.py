@@ -103,7 +103,10 @@ def test_accepted_values_are_typed_strings_included_and_empty_means_unset():
 
 
 def _strategy(**kw: Any) -> SimpleNamespace:
-    return SimpleNamespace(client_samples=[1], max_samples=None, max_update_norm=None, norm_multiple=None, **kw)
+    """A stand-in for a strategy whose influence bounds (``strategy.influence``) are itself."""
+    s = SimpleNamespace(client_samples=[1], max_samples=None, max_update_norm=None, norm_multiple=None, **kw)
+    s.influence = s
+    return s
 
 
 def test_influence_bounds_take_the_run_config_values_and_zero_turns_a_bound_off():

@@ -559,15 +559,16 @@ def bound_influence(strategy: MaskedBufferedStrategy, partition_sizes: list[int]
     from fedgmr.flower.run_config import DeploymentConfig, parse_run_config
 
     rc = run_config if isinstance(run_config, DeploymentConfig) else parse_run_config(run_config)
-    strategy.client_samples = None
-    strategy.max_samples = rc.max_samples or strategy.max_samples or max(partition_sizes)
-    fixed = strategy.max_update_norm if rc.max_update_norm is None else rc.max_update_norm
-    multiple = strategy.norm_multiple if rc.update_norm_multiple is None else rc.update_norm_multiple
+    bounds = strategy.influence
+    bounds.client_samples = None
+    bounds.max_samples = rc.max_samples or bounds.max_samples or max(partition_sizes)
+    fixed = bounds.max_update_norm if rc.max_update_norm is None else rc.max_update_norm
+    multiple = bounds.norm_multiple if rc.update_norm_multiple is None else rc.update_norm_multiple
     if fixed is None and multiple is None:
         multiple = DEFAULT_NORM_MULTIPLE
-    strategy.max_update_norm = fixed or None
-    strategy.norm_multiple = multiple or None
-    log.info("bounds: samples capped at %d, update norm %s", strategy.max_samples,
+    bounds.max_update_norm = fixed or None
+    bounds.norm_multiple = multiple or None
+    log.info("bounds: samples capped at %d, update norm %s", bounds.max_samples,
              " and ".join(([f"<= {fixed:g}"] if fixed else []) + ([f"<= {multiple:g} x median"] if multiple else []))
              or "unbounded")
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,6 +23,7 @@ from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
 from fedgmr.algorithm.staleness import StalenessFn
 from fedgmr.errors import InvalidUpdateError
+from fedgmr.strategy.influence import NORM_MIN_HISTORY, NORM_WINDOW, BoundStats, InfluenceBounds  # noqa: F401
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
 from fedgmr.training.extras import ExtrasSchema, ExtraSpec, merge_schemas, validate_extras
 
@@ -50,20 +49,6 @@ class _Entry:
 BN_RULES = ("full", "density", "all")
 #: what an update's weight beta counts besides its staleness factor
 WEIGHTINGS = ("samples", "processed", "equal")
-#: adaptive norm bound: accepted update norms remembered, and how many are needed before
-#: the median is trusted (until then an update may be at most as large as the model sent)
-NORM_WINDOW = 50
-NORM_MIN_HISTORY = 5
-
-
-@dataclass
-class BoundStats:
-    """How often the bounds on a client's influence acted (all counts since the start)."""
-
-    clipped: int = 0  # updates scaled down to the norm bound
-    capped: int = 0  # sample counts above what the server knows or allows
-
-
 def _is_variance(name: str) -> bool:
     return name.endswith("running_var")
 
@@ -93,7 +78,9 @@ class MaskedBufferedStrategy:
     bn_stats: ``bn_stats(params) -> buffers`` re-estimates the statistics on the server
         after every aggregation (overrides ``bn_rule``; the baselines' static BN).
 
-    Bounds on one client's influence (all off by default; see docs/distributed.md):
+    Bounds on one client's influence (all off by default; see docs/distributed.md), the
+    :class:`~fedgmr.strategy.influence.InfluenceBounds` part (:attr:`influence`) every
+    accepted reply passes through:
 
     client_samples: each client's training-set size as the server knows it; the
         ``samples`` weight uses it and ignores the size a reply claims.
@@ -170,24 +157,9 @@ class MaskedBufferedStrategy:
         #: coverage over the last aggregations (:meth:`track_coverage`; None: off)
         self.coverage_window: CoverageWindow | None = None
         self.rejected = 0
-        if client_samples is not None and len(client_samples) != self.num_clients:
-            raise ValueError(f"client_samples lists {len(client_samples)} sizes for {self.num_clients} clients")
-        for name, v in (("max_samples", max_samples), ("max_processed", max_processed)):
-            if v is not None and v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        for name, f in (("max_update_norm", max_update_norm), ("norm_multiple", norm_multiple)):
-            if f is not None and not (math.isfinite(f) and f > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {f}")
-        self.client_samples = None if client_samples is None else [int(n) for n in client_samples]
-        self.max_samples = max_samples
-        self.max_processed = max_processed
-        self.max_update_norm = max_update_norm
-        self.norm_multiple = norm_multiple
-        self.bounds = BoundStats()
-        self._norms: deque[float] = deque(maxlen=NORM_WINDOW)  # accepted update norms (adaptive bound)
-        # the model and buffers each outstanding job was dispatched with (references:
-        # aggregation replaces them, never mutates them), for the update-norm bound
-        self._sent: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+        #: the bounds on one client's influence, applied to every accepted reply
+        self.influence = InfluenceBounds(self.num_clients, client_samples, max_samples, max_processed,
+                                         max_update_norm, norm_multiple)
         if bn_stats is not None:
             self.buffers = bn_stats(self.params)
         #: coordinates that stay on the clients (FedBN's BatchNorm layers): never uploaded,
@@ -210,7 +182,7 @@ class MaskedBufferedStrategy:
         a = self._assignment(client_id, self.version, level, self.ladder.ladder[level], mask, changed)
         self._outstanding[client_id] = a
         self._held[client_id] = mask
-        self._sent[client_id] = (self.params, self.buffers)
+        self.influence.dispatched(client_id, (self.params, self.buffers))
         return a
 
     def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
@@ -228,15 +200,20 @@ class MaskedBufferedStrategy:
         return memo(mask, ("upload", id(local)), lambda: frozen(mask & ~local))
 
     @property
+    def bounds(self) -> BoundStats:
+        """How often the bounds on influence acted."""
+        return self.influence.stats
+
+    @property
     def median_update_norm(self) -> float | None:
         """Median norm of the recent accepted updates (None until one was measured: only
         measured while a norm bound is on)."""
-        return statistics.median(self._norms) if self._norms else None
+        return self.influence.median_update_norm
 
     @property
     def bounds_norm(self) -> bool:
         """Whether updates are norm-bounded (fixed or adaptive)."""
-        return self.max_update_norm is not None or self.norm_multiple is not None
+        return self.influence.norm_on
 
     def densities(self) -> list[float]:
         """Current density of every client (prunable coordinates of its mask)."""
@@ -278,7 +255,7 @@ class MaskedBufferedStrategy:
         except InvalidUpdateError as exc:
             return self.reject(reply.client_id, str(exc))
         del self._outstanding[reply.client_id]
-        self._sent.pop(reply.client_id, None)
+        self.influence.settled(reply.client_id)
         self._incoming[entry.client_id] = entry
         if entry.client_id not in self._arrivals:
             self._arrivals.append(entry.client_id)
@@ -351,11 +328,11 @@ class MaskedBufferedStrategy:
             if (_is_variance(name) or not b.is_floating_point()) and bool((b < 0).any()):
                 raise InvalidUpdateError(f"buffer {name!r} has negative values")
             buffers[name] = b.clone()
-        if self.bounds_norm:
-            values = self._clip(reply.client_id, a, mask, values, buffers, set(reply_bufs))
         processed = reply.num_processed if reply.num_processed is not None else reply.num_samples
-        return _Entry(reply.client_id, reply.version, mask, values, self._samples(reply.client_id, reply.num_samples),
-                      buffers, self._cap(int(processed), self.max_processed), a.density, extras)
+        b = self.influence.bound(reply.client_id, a.consumes, mask, values, buffers, set(reply_bufs),
+                                 reply.num_samples, processed, (self.params, self.buffers))
+        return _Entry(reply.client_id, reply.version, mask, b.values, b.num_samples, b.buffers, b.num_processed,
+                      a.density, extras)
 
     def _check_extras(self, reply: Reply, a: Assignment) -> dict[str, torch.Tensor]:
         """The reply's declared extras, checked against :attr:`reply_extras` (the
@@ -372,62 +349,6 @@ class MaskedBufferedStrategy:
     def _check_extra_values(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
         """A server's own test of a reply's checked extras (raises InvalidUpdateError; a
         bound only the server knows, e.g. FedNova's most local steps)."""
-
-    def _cap(self, n: int, limit: int | None) -> int:
-        if limit is not None and n > limit:
-            self.bounds.capped += 1
-            return limit
-        return n
-
-    def _samples(self, client_id: int, claimed: int) -> int:
-        """The ``samples`` weight: the server's own count when it has one, else the claim
-        capped at ``max_samples``."""
-        if self.client_samples is not None:
-            known = self.client_samples[client_id]
-            if int(claimed) != known:
-                self.bounds.capped += 1
-                log.debug("client %d claims %s samples; the server counts %d", client_id, claimed, known)
-            return known
-        return self._cap(int(claimed), self.max_samples)
-
-    def _clip(self, client_id: int, a: Assignment, mask: torch.Tensor, values: torch.Tensor,
-              buffers: dict[str, torch.Tensor], sent: set[str]) -> torch.Tensor:
-        """Clip the update to the norm bound (values returned; ``buffers`` scaled in place).
-
-        The update is the change from what the client was sent: on its mask for the
-        parameters (the values themselves for a delta rule) plus its floating-point
-        buffers. Computed in float64."""
-        start_params, start_bufs = self._sent.get(client_id, (self.params, self.buffers))
-        start = start_params[mask].double() if a.consumes == "model" else None
-        dv = values.double() - start if start is not None else values.double()
-        dbufs = {n: buffers[n].double() - start_bufs[n].double() for n in sorted(sent)
-                 if buffers[n].is_floating_point() and n in start_bufs}
-        norm = math.sqrt(float(dv.square().sum()) + sum(float(d.square().sum()) for d in dbufs.values()))
-        bound = self._norm_bound(start_params[mask], {n: start_bufs[n] for n in dbufs})
-        if norm > bound:
-            scale = bound / norm
-            self.bounds.clipped += 1
-            log.info("clipped update from client %d: norm %.4g above the bound %.4g", client_id, norm, bound)
-            dv = dv * scale
-            for n, d in dbufs.items():
-                buffers[n] = (start_bufs[n].double() + d * scale).to(buffers[n].dtype)
-            values = ((start + dv) if start is not None else dv).to(torch.float32)
-            norm = bound
-        self._norms.append(norm)
-        return values
-
-    def _norm_bound(self, start: torch.Tensor, start_bufs: dict[str, torch.Tensor]) -> float:
-        """The norm bound for an update dispatched with ``start`` (its masked weights)."""
-        bounds = []
-        if self.max_update_norm is not None:
-            bounds.append(self.max_update_norm)
-        if self.norm_multiple is not None:
-            if len(self._norms) >= NORM_MIN_HISTORY:
-                bounds.append(self.norm_multiple * statistics.median(self._norms))
-            else:  # no history yet: no larger than the model the client was sent
-                bounds.append(math.sqrt(float(start.double().square().sum())
-                                        + sum(float(b.double().square().sum()) for b in start_bufs.values())))
-        return min(bounds)
 
     # ------------------------------------------------------------------ aggregation
     @property
@@ -625,18 +546,7 @@ class MaskedBufferedStrategy:
         outstanding = [{"client": cid, "version": a.version, "level": a.level, "density": a.density,
                         "mask": mask_key(a.mask), "mask_changed": a.mask_changed}
                        for cid, a in self._outstanding.items()]
-        if self.bounds_norm:  # the models outstanding jobs were sent, once per version
-            sent_ids: dict[int, int] = {}
-            for o in outstanding:
-                sent = self._sent.get(o["client"])
-                if sent is None:
-                    continue
-                if id(sent[0]) not in sent_ids:
-                    key = f"sent/{len(sent_ids)}"
-                    sent_ids[id(sent[0])] = len(sent_ids)
-                    tensors[f"{key}/params"] = sent[0]
-                    tensors.update({f"{key}/buf/{k}": v for k, v in sent[1].items()})
-                o["sent"] = sent_ids[id(sent[0])]
+        bounds = self.influence.state_dict(outstanding, tensors)  # and the models outstanding jobs were sent
         held = {str(cid): mask_key(m) for cid, m in self._held.items()}
         last_used = [mask_key(m) for m in self._last_used_masks]  # Gamma* until the next aggregation
         pol_state, pol_tensors = self.policy.state_dict()
@@ -652,7 +562,7 @@ class MaskedBufferedStrategy:
             "ladder": self.ladder.state_dict(),
             "trigger": self.trigger.state_dict(), "policy": pol_state, "coverage_window": window_state,
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
-            "bounds": {"clipped": self.bounds.clipped, "capped": self.bounds.capped, "norms": list(self._norms)},
+            "bounds": bounds,
         }
         return state, tensors
 
@@ -699,18 +609,7 @@ class MaskedBufferedStrategy:
         self._last_used_masks = [masks[int(k)] for k in state.get("last_used", [])]
         self._last_used_densities = [float(d) for d in state.get(
             "last_used_densities", [mask_count(m) / m.numel() for m in self._last_used_masks])]  # older checkpoints
-        # a checkpoint without the models sent (bounds off when saved): measure against the current one
-        self._sent = {}
-        for o in state["outstanding"]:
-            key = f"sent/{o['sent']}" if "sent" in o else None
-            if key is not None and f"{key}/params" in tensors:
-                bufs = {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers if f"{key}/buf/{k}" in tensors}
-                self._sent[int(o["client"])] = (tensors[f"{key}/params"].clone(), bufs)
-            else:
-                self._sent[int(o["client"])] = (self.params, self.buffers)
-        bounds = state.get("bounds") or {}
-        self.bounds = BoundStats(int(bounds.get("clipped", 0)), int(bounds.get("capped", 0)))
-        self._norms = deque((float(v) for v in bounds.get("norms", [])), maxlen=NORM_WINDOW)
+        self.influence.load_state_dict(state.get("bounds"), state["outstanding"], tensors, (self.params, self.buffers))
 
 
 def mean_density(densities: list[float]) -> float:

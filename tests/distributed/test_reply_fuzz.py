@@ -277,8 +277,8 @@ def test_well_formed_variants_are_accepted(world):
     for v in variants:
         assert _offer(loop, 3, v) is True
     assert s.rejected == 0
-    assert s._buffer[3].num_samples == s.max_samples  # 2**62 claimed, capped at the largest partition
-    assert s.max_samples < 2 ** 20 and s.bounds.capped == 1
+    assert s._buffer[3].num_samples == s.influence.max_samples  # 2**62 claimed, capped at the largest partition
+    assert s.influence.max_samples < 2 ** 20 and s.bounds.capped == 1
 
 
 def test_random_byte_and_field_fuzz_never_escapes_the_loop(world, capsys):
@@ -340,7 +340,7 @@ def test_random_byte_and_field_fuzz_never_escapes_the_loop(world, capsys):
             entry = s._buffer[slot]
             if not bool(torch.isfinite(entry.values).all()) or after[2] != before[2]:
                 failures.append(f"{name}: accepted but not sound")
-            if entry.num_samples > s.max_samples:
+            if entry.num_samples > s.influence.max_samples:
                 failures.append(f"{name}: accepted {entry.num_samples} samples above the cap")
             assert s.bounds.clipped in (clipped, clipped + 1)
         else:
