@@ -16,7 +16,7 @@ from fedgmr.algorithm.staleness import make_staleness
 from fedgmr.sim.executor import ClientWorkload, TrainJob
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
-from fedgmr.strategy.scaffold import ScaffoldStrategy
+from fedgmr.strategy.scaffold import ScaffoldControl
 from fedgmr.training.client_methods import DittoClient, FedBNClient, FedProxClient, SGDClient, ScaffoldClient
 from fedgmr.training.local import LocalTerms, TrainSettings, masked_local_training
 
@@ -132,25 +132,26 @@ def _strategy(cls=MaskedBufferedStrategy, n: int = 4, **kw):
 
 
 def test_scaffold_server_moves_c_by_the_sum_over_all_clients_and_x_by_the_mean():
-    wl, s = _strategy(ScaffoldStrategy, n=4)
+    wl, s = _strategy(n=4, plugins=[ScaffoldControl()])
+    control = s.plugin(ScaffoldControl)
     x0 = s.params.clone()
     a0, a1 = s.assign(0), s.assign(1)
-    assert a1.wire.beside["c"] is s.c  # one c for every client of a round
-    assert a0.wire.beside["c"] is s.c and a0.wire.reply_beside == ("delta_c",)
+    assert a1.wire.beside["c"] is control.c  # one c for every client of a round
+    assert a0.wire.beside["c"] is control.c and a0.wire.reply_beside == ("delta_c",)
     k = wl.space.numel
     ok = s.receive(Reply(0, 0, x0 + 1.0, 10, extras={"delta_c": torch.full((k,), 4.0)}))
     ok &= s.receive(Reply(1, 0, x0 + 3.0, 10, extras={"delta_c": torch.full((k,), 8.0)}))
     assert ok
     s.aggregate()
     assert torch.allclose(s.params, x0 + 2.0)  # x + mean(delta y)
-    assert torch.equal(s.c, torch.full((k,), 3.0))  # (4 + 8) / N, N = 4 clients, 2 sampled
+    assert torch.equal(control.c, torch.full((k,), 3.0))  # (4 + 8) / N, N = 4 clients, 2 sampled
     # a reply without delta_c is refused and never aggregated
     s.assign(2)
     assert not s.receive(Reply(2, 1, s.params.clone(), 10))
 
 
 def test_scaffold_server_learning_rate_scales_the_step():
-    _, s = _strategy(ScaffoldStrategy, n=1, server_lr=0.5)
+    _, s = _strategy(n=1, plugins=[ScaffoldControl(server_lr=0.5)])
     x0 = s.params.clone()
     s.assign(0)
     s.receive(Reply(0, 0, x0 + 2.0, 10, extras={"delta_c": torch.zeros_like(x0)}))

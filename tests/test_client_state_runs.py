@@ -15,6 +15,7 @@ from fedgmr.errors import ConfigError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
+from fedgmr.strategy.scaffold import ScaffoldControl
 
 PERSONAL = {"client_test_fraction": 0.2}
 
@@ -105,11 +106,12 @@ def test_scaffold_on_fedgmr_masks_keeps_c_on_the_masks():
                                         restoration={"trigger": "none"}, submodel={"refresh_every": None},
                                         run={"max_steps": 4, "eval_every": 1}))
     s = exp.strategy
-    held = torch.zeros_like(s.c, dtype=torch.bool)
+    c = s.plugin(ScaffoldControl).c
+    held = torch.zeros_like(c, dtype=torch.bool)
     for m in s._held.values():
         held |= m
     assert not bool(held.all()), "the masks cover every coordinate: the test shows nothing"
-    assert bool((s.c[~held] == 0).all()) and bool((s.c[held] != 0).any())
+    assert bool((c[~held] == 0).all()) and bool((c[held] != 0).any())
     for c, st in exp.simulator.client_states.items():
         assert bool((st["c_i"][~st["held"]] == 0).all())
 

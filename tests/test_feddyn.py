@@ -17,13 +17,14 @@ from fedgmr.algorithm.params import get_buffers
 from fedgmr.algorithm.policies import FullModelPolicy
 from fedgmr.algorithm.restoration import DensityLadder
 from fedgmr.algorithm.staleness import make_staleness
-from fedgmr.baselines.feddyn import (FedDynClient, FedDynStrategy, feddyn_client_state, feddyn_server_model,
+from fedgmr.baselines.feddyn import (FedDynClient, FedDynState, feddyn_client_state, feddyn_server_model,
                                      feddyn_server_state)
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import METHODS, resolve_config
 from fedgmr.sim.executor import ClientWorkload, TrainJob
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
 from fedgmr.training.client_methods import CLIENT_METHODS, client_method
 from fedgmr.training.local import TrainSettings
@@ -89,14 +90,18 @@ def test_client_converges_to_the_stationary_point_where_h_i_vanishes():
 
 
 # ------------------------------------------------------------------ the server strategy, by hand
-def _strategy(n: int = 4, alpha: float = 0.5, start=(1.0, 1.0)) -> FedDynStrategy:
+def _strategy(n: int = 4, alpha: float = 0.5, start=(1.0, 1.0)) -> MaskedBufferedStrategy:
     model = nn.Linear(2, 1, bias=False)
     from fedgmr.algorithm.params import ParamSpace
 
     space = ParamSpace(model)
-    return FedDynStrategy(space, T(list(start)), get_buffers(model), FullModelPolicy(space),
-                          DensityLadder((1.0,), [0] * n), RULES.get("ma"), make_staleness("constant"), "equal",
-                          False, alpha=alpha)
+    return MaskedBufferedStrategy(space, T(list(start)), get_buffers(model), FullModelPolicy(space),
+                                  DensityLadder((1.0,), [0] * n), RULES.get("ma"), make_staleness("constant"),
+                                  "equal", False, plugins=[FedDynState(alpha)])
+
+
+def _h(s: MaskedBufferedStrategy) -> torch.Tensor:
+    return s.plugin(FedDynState).h
 
 
 def test_server_rounds_by_hand_and_checkpoint_round_trip():
@@ -105,29 +110,29 @@ def test_server_rounds_by_hand_and_checkpoint_round_trip():
     s.assign(0), s.assign(1)
     assert s.receive(Reply(0, 0, T([2.0, 1.0]), 10)) and s.receive(Reply(1, 0, T([1.0, 3.0]), 30))
     s.aggregate()
-    assert torch.allclose(s.h, T([-0.125, -0.25]), atol=1e-7, rtol=0)
+    assert torch.allclose(_h(s), T([-0.125, -0.25]), atol=1e-7, rtol=0)
     assert torch.allclose(s.params, T([1.75, 2.5]), atol=1e-6, rtol=0)
     # round 2: clients 2, 3 move by [1, 0] and [-1, 2]: h = h - 0.5 [0, 2] / 4; w = [1.75, 3.5] - h / 0.5
     s.assign(2), s.assign(3)
     w = s.params.clone()
     assert s.receive(Reply(2, 1, w + T([1.0, 0.0]), 10)) and s.receive(Reply(3, 1, w + T([-1.0, 2.0]), 10))
     s.aggregate()
-    assert torch.allclose(s.h, T([-0.125, -0.5]), atol=1e-7, rtol=0)
+    assert torch.allclose(_h(s), T([-0.125, -0.5]), atol=1e-7, rtol=0)
     assert torch.allclose(s.params, T([2.0, 4.5]), atol=1e-6, rtol=0)
     # h is part of the strategy's checkpoint
     state, tensors = s.state_dict()
     other = _strategy()
     other.load_state_dict(state, {k: v.clone() for k, v in tensors.items()})
-    assert torch.equal(other.h, s.h) and torch.equal(other.params, s.params)
+    assert torch.equal(_h(other), _h(s)) and torch.equal(other.params, s.params)
 
 
 def test_a_round_whose_model_is_not_finite_leaves_h_alone():
     s = _strategy(n=1)
     s.assign(0)
     s.receive(Reply(0, 0, T([3.0e38, 1.0]), 10))
-    s.alpha = 1e-30  # mean - h / alpha = 3e38 + 3e38 overflows float32: the model and h are both kept
+    s.plugin(FedDynState).alpha = 1e-30  # mean - h / alpha = 3e38 + 3e38 overflows float32: the model and h are both kept
     s.aggregate()
-    assert torch.equal(s.h, torch.zeros(2)) and torch.equal(s.params, T([1.0, 1.0]))
+    assert torch.equal(_h(s), torch.zeros(2)) and torch.equal(s.params, T([1.0, 1.0]))
 
 
 # ------------------------------------------------------------------ registration, config, refusals
@@ -190,7 +195,7 @@ def test_process_pool_matches_serial_and_flower_runs_it():
     raw = tiny_config(method="feddyn", local={"options": {"alpha": 0.1}}, run={"max_steps": 2, "eval_every": 1})
     serial, exp_s = simulate(raw)
     pool, exp_p = simulate({**raw, "run": {**raw["run"], "executor": "process", "workers": 1}})
-    assert serial == pool and torch.equal(exp_s.strategy.h, exp_p.strategy.h)
+    assert serial == pool and torch.equal(_h(exp_s.strategy), _h(exp_p.strategy))
     refuse_client_state(resolve_config(raw))  # h_i stays on the node under Flower: not refused
 
 

@@ -19,12 +19,13 @@ from fedgmr.algorithm.params import ParamSpace, get_buffers
 from fedgmr.algorithm.policies import FullModelPolicy
 from fedgmr.algorithm.restoration import DensityLadder
 from fedgmr.algorithm.staleness import make_staleness
-from fedgmr.baselines.fednova import FedNovaClient, FedNovaStrategy, fednova_server_model
+from fedgmr.baselines.fednova import FedNovaClient, FedNovaStep, fednova_server_model
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import METHODS, resolve_config
 from fedgmr.sim.executor import ClientWorkload, TrainJob
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
 from fedgmr.training.client_methods import CLIENT_METHODS
 from fedgmr.training.local import TrainSettings
@@ -45,12 +46,12 @@ def test_server_step_by_hand():
         fednova_server_model(T([1.0]), [T([2.0])], [0.0], [1.0])
 
 
-def _strategy(n: int = 2, max_tau: int = 4) -> FedNovaStrategy:
+def _strategy(n: int = 2, max_tau: int = 4) -> MaskedBufferedStrategy:
     model = nn.Linear(2, 1, bias=False)
     space = ParamSpace(model)
-    return FedNovaStrategy(space, T([1.0, 1.0]), get_buffers(model), FullModelPolicy(space),
-                           DensityLadder((1.0,), [0] * n), RULES.get("ma"), make_staleness("constant"), "samples",
-                           False, max_tau=max_tau)
+    return MaskedBufferedStrategy(space, T([1.0, 1.0]), get_buffers(model), FullModelPolicy(space),
+                                  DensityLadder((1.0,), [0] * n), RULES.get("ma"), make_staleness("constant"),
+                                  "samples", False, plugins=[FedNovaStep(max_tau)])
 
 
 def _reply(c: int, values, n: int, tau) -> Reply:
@@ -70,7 +71,7 @@ def test_strategy_applies_the_normalised_step_and_checks_tau():
     for strat in (s, other):
         strat.aggregate()
         assert torch.allclose(strat.params, T([1.875, 3.625]), atol=1e-6, rtol=0)
-    assert s._taus == {} and s.version == 1
+    assert s.plugin(FedNovaStep)._taus == {} and s.version == 1
 
 
 @pytest.mark.parametrize("tau", [None, 0, 5, 2.5, float("nan")])

@@ -126,7 +126,7 @@ def test_a_bad_extra_is_rejected_with_the_same_line_in_the_simulator(monkeypatch
 
     _zero_tau_for_client_1(monkeypatch)
     raw = tiny_config(method="fednova", clients={"num_clients": 4}, run={"max_steps": 2, "eval_every": 1})
-    with caplog.at_level(logging.WARNING, logger="fedgmr.baselines.fednova"):
+    with caplog.at_level(logging.WARNING, logger="fedgmr.strategy.masked_buffered"):
         _, exp = simulate(raw)
     assert exp.strategy.version == 2 and exp.strategy.rejected == 2
     assert [m for m in caplog.messages if m.startswith("rejected")] == [WORDS, WORDS]

@@ -50,10 +50,10 @@ def test_build_composes_the_parts_a_config_declares():
     from conftest import tiny_config
     from fedgmr.experiment.build import build_experiment
     from fedgmr.methods import resolve_config
-    from fedgmr.strategy.scaffold import ScaffoldStrategy
+    from fedgmr.strategy.scaffold import ScaffoldControl
 
     exp = build_experiment(resolve_config(tiny_config(method="scaffold", local={"server_lr": 0.5})))
     try:
-        assert type(exp.strategy) is ScaffoldStrategy and exp.strategy.server_lr == 0.5
+        assert type(exp.strategy) is MaskedBufferedStrategy and exp.strategy.plugin(ScaffoldControl).server_lr == 0.5
     finally:
         exp.executor.close()

@@ -28,8 +28,9 @@ import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.errors import ConfigError
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
+from fedgmr.strategy.masked_buffered import _Entry
 from fedgmr.strategy.messages import StepReport
+from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.strategy.server_halves import SERVER_HALVES
 from fedgmr.training.client_methods import CLIENT_METHODS, ClientResult, SGDClient
 from fedgmr.training.local import LocalTerms
@@ -101,42 +102,41 @@ def make_client(local: Any, alpha: float = DEFAULT_ALPHA) -> FedDynClient:
 
 
 # ---------------------------------------------------------------------- server half
-class FedDynStrategy(MaskedBufferedStrategy):
-    """:class:`MaskedBufferedStrategy` plus FedDyn's server state ``h``: the rule's result
-    (the plain mean, with ``method=feddyn``'s settings) minus ``h / alpha``."""
+class FedDynState(ServerPlugin):
+    """FedDyn's server state ``h``: the rule's result (the plain mean, with
+    ``method=feddyn``'s settings) minus ``h / alpha``."""
 
-    def __init__(self, *args: Any, alpha: float = DEFAULT_ALPHA, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    name = "FedDyn's server state"
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
         if not alpha > 0:
             raise ValueError(f"FedDyn's alpha must be > 0, got {alpha}")
         self.alpha = float(alpha)
-        #: the server state h (zero at the start)
-        self.h = torch.zeros_like(self.params)
         self._h_next: torch.Tensor | None = None  # h after the aggregation in progress
 
-    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        params, buffers = super()._fuse(params, buffers, used)
-        self._h_next = feddyn_server_state(self.h, self.params, [self.full_values(e) for e in used], self.alpha,
-                                           self.num_clients)
+    def bind(self, strategy: Any) -> None:
+        super().bind(strategy)
+        #: the server state h (zero at the start)
+        self.h = torch.zeros_like(strategy.params)
+
+    def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        s = self.strategy
+        self._h_next = feddyn_server_state(self.h, s.params, [s.full_values(e) for e in used], self.alpha,
+                                           s.num_clients)
         return feddyn_server_model(params, self._h_next, self.alpha), buffers
 
-    def aggregate(self) -> StepReport:
-        self._h_next = None
-        report = super().aggregate()
+    def after_aggregate(self, report: StepReport) -> StepReport:
         if report.used and self._h_next is not None:  # kept only when the new model was (finite)
             self.h = self._h_next
         self._h_next = None
         return report
 
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        state, tensors = super().state_dict()
+    def state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         tensors["feddyn/h"] = self.h
-        return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state, tensors)
-        self.h = tensors["feddyn/h"].to(self.device).clone()
+        self.h = tensors["feddyn/h"].clone()
 
 
 def refuse_unsupported(cfg: Any, name: str) -> None:
@@ -152,16 +152,16 @@ def refuse_unsupported(cfg: Any, name: str) -> None:
                           f"server)")
 
 
-def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
-    """``SERVER_HALVES`` entry: :class:`FedDynStrategy` with the client method's alpha."""
+def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
+    """``SERVER_HALVES`` entry: the :class:`FedDynState` plug-in with the client method's alpha."""
     from fedgmr.training.client_methods import client_method
 
     refuse_unsupported(cfg, "feddyn")
-    return FedDynStrategy, {"alpha": client_method(cfg.local).alpha}
+    return None, {"plugins": (FedDynState(client_method(cfg.local).alpha),)}
 
 
 CLIENT_METHODS.register("feddyn", make_client)
 SERVER_HALVES.register("feddyn", server_half)
 
-__all__ = ["DEFAULT_ALPHA", "FedDynClient", "FedDynStrategy", "feddyn_client_state", "feddyn_local_terms",
+__all__ = ["DEFAULT_ALPHA", "FedDynClient", "FedDynState", "feddyn_client_state", "feddyn_local_terms",
            "feddyn_server_model", "feddyn_server_state"]

@@ -26,8 +26,9 @@ import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.errors import ConfigError, InvalidUpdateError
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
-from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.messages import Assignment, StepReport
+from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.strategy.server_halves import SERVER_HALVES
 from fedgmr.training.client_methods import CLIENT_METHODS, ClientResult, SGDClient
 from fedgmr.training.extras import ExtrasSchema, ExtraSpec
@@ -76,61 +77,52 @@ def make_client(local: Any) -> FedNovaClient:
 
 
 # ---------------------------------------------------------------------- server half
-class FedNovaStrategy(MaskedBufferedStrategy):
-    """:class:`MaskedBufferedStrategy` whose step is FedNova's normalised average (the
-    configured rule is not used for the weights; sample counts weight the clients, as the
-    server knows them). ``max_tau``: the most local steps a reply may report."""
+class FedNovaStep(ServerPlugin):
+    """FedNova's normalised average in place of the configured rule's result (sample
+    counts weight the clients, as the server knows them). ``max_tau``: the most local
+    steps a reply may report."""
 
-    reply_extras = FedNovaClient.reply_extras
+    name = "FedNova's normalised step"
+    reply_extras = FedNovaClient.reply_extras  # tau, its shape checked by the strategy
 
-    def __init__(self, *args: Any, max_tau: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, max_tau: int) -> None:
         if max_tau < 1:
             raise ValueError(f"max_tau must be >= 1, got {max_tau}")
         self.max_tau = int(max_tau)
         self._taus: dict[int, float] = {}  # tau_i of the replies accepted since the last aggregation
 
-    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
-                    changed: bool) -> Assignment:
-        a = super()._assignment(client_id, version, level, density, mask, changed)
+    def wire(self, a: Assignment) -> Assignment:
         # tau_i travels as one float32 beside the values
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, reply_plain=1))
 
-    def receive(self, reply: Reply) -> bool:
-        accepted = super().receive(reply)
-        if accepted:
-            self._taus[reply.client_id] = float(self._incoming[reply.client_id].extras["tau"].reshape(()))
-        return accepted
-
-    def _check_extra_values(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
+    def check_extras(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
         value = float(extras["tau"].reshape(()))
         if not math.isfinite(value) or value != int(value) or not 1 <= value <= self.max_tau:
             raise InvalidUpdateError(f"tau must be a whole number of local steps in [1, {self.max_tau}], got {value}")
 
-    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        params, buffers = super()._fuse(params, buffers, used)
-        new = fednova_server_model(self.params, [self.full_values(e) for e in used],
+    def on_accept(self, update: _Entry) -> None:
+        self._taus[update.client_id] = float(update.extras["tau"].reshape(()))
+
+    def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        s = self.strategy
+        new = fednova_server_model(s.params, [s.full_values(e) for e in used],
                                    [self._taus[e.client_id] for e in used], [float(e.num_samples) for e in used])
         return new, buffers
 
-    def aggregate(self) -> StepReport:
-        report = super().aggregate()
+    def after_aggregate(self, report: StepReport) -> StepReport:
         self._taus.clear()  # arrivals only (no buffer): every pending reply was used or dropped
         return report
 
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        state, tensors = super().state_dict()
+    def state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         state["fednova"] = {"taus": {str(c): t for c, t in sorted(self._taus.items())}}
-        return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state, tensors)
         self._taus = {int(c): float(t) for c, t in state.get("fednova", {}).get("taus", {}).items()}
 
 
-def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
-    """``SERVER_HALVES`` entry: :class:`FedNovaStrategy`; refuses masks, asynchrony, FedDF and momentum."""
+def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
+    """``SERVER_HALVES`` entry: the :class:`FedNovaStep` plug-in; refuses masks, asynchrony, FedDF and momentum."""
     if cfg.submodel.policy != "full":
         raise ConfigError("local.algorithm 'fednova' normalises whole-model updates: set submodel.policy: full "
                           "(e.g. method=fednova); masked sub-models are not supported")
@@ -143,10 +135,10 @@ def server_half(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[Mas
     if cfg.training.momentum:
         raise ConfigError("local.algorithm 'fednova' normalises plain SGD's updates: set training.momentum: 0 "
                           "(FedNova's momentum variant is not implemented)")
-    return FedNovaStrategy, {"max_tau": cfg.training.local_steps}
+    return None, {"plugins": (FedNovaStep(cfg.training.local_steps),)}
 
 
 CLIENT_METHODS.register("fednova", make_client)
 SERVER_HALVES.register("fednova", server_half)
 
-__all__ = ["FedNovaClient", "FedNovaStrategy", "fednova_server_model"]
+__all__ = ["FedNovaClient", "FedNovaStep", "fednova_server_model"]

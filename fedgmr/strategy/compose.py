@@ -4,12 +4,15 @@ Each part of a configuration that needs something of the server - a width baseli
 (``submodel.policy``), a client method's server half (``local.algorithm``), federated
 distillation (``distill``), clustering (``clustering.kind``) - declares a
 :class:`ServerPart`: the strategy class it brings (None: FedGMR's own
-:class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy` suffices) and the
-constructor arguments it adds, and what it expects replies to carry beside their values
-(the client method's declared ``reply_extras``). :func:`compose_strategy` takes them
-together: at most one part may bring a class (two are refused in one line naming both,
-never "the last one wins"), two parts may not set the same argument differently, and
-their reply extras are merged into the strategy's ``reply_extras`` argument.
+:class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy` suffices), the
+constructor arguments it adds - among them ``plugins``, what it adds to the server step
+(:mod:`fedgmr.strategy.plugins`) - and what it expects replies to carry beside their
+values (the client method's declared ``reply_extras``). :func:`compose_strategy` takes
+them together: at most one part may bring a class (two are refused in one line naming
+both, never "the last one wins"), two parts may not set the same argument differently,
+the parts' plug-ins add up in the parts' order (two that replace one hook are refused in
+one line naming both parts), and their reply extras are merged into the strategy's
+``reply_extras`` argument.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Sequence
 
 from fedgmr.errors import ConfigError
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.strategy.plugins import ServerPlugin, plugin_conflict
 from fedgmr.training.extras import ExtrasSchema, merge_schemas
 
 
@@ -54,13 +58,25 @@ def compose_strategy(parts: Sequence[ServerPart]) -> tuple[type[MaskedBufferedSt
                           f"({a.strategy_cls.__name__}, {b.strategy_cls.__name__}): they cannot be combined")
     kwargs: dict[str, Any] = {}
     owner: dict[str, str] = {}
+    plugins: list[ServerPlugin] = []
+    sources: list[str] = []
     for p in parts:
+        for plugin in p.kwargs.get("plugins", ()):  # plug-ins add up; two replacing one hook are refused
+            plugins.append(plugin)
+            sources.append(f"{p.source} ({plugin.name})")
         for key, value in p.kwargs.items():
+            if key == "plugins":
+                continue
             if key in kwargs and kwargs[key] is not value:
                 raise ConfigError(f"{owner[key]} and {p.source} both set the server's {key!r}: they cannot be "
                                   f"combined")
             kwargs[key] = value
             owner[key] = p.source
+    conflict = plugin_conflict(plugins, sources)
+    if conflict is not None:
+        raise ConfigError(conflict)
+    if plugins:
+        kwargs["plugins"] = tuple(plugins)
     cls = own[0].strategy_cls if own else MaskedBufferedStrategy
     assert cls is not None
     declared = [p for p in parts if p.reply_extras]

@@ -25,6 +25,7 @@ from fedgmr.algorithm.staleness import StalenessFn
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.influence import NORM_MIN_HISTORY, NORM_WINDOW, BoundStats, InfluenceBounds  # noqa: F401
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
+from fedgmr.strategy.plugins import ServerPlugin, implements, plugin_conflict
 from fedgmr.training.extras import ExtrasSchema, ExtraSpec, merge_schemas, validate_extras
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,12 @@ class MaskedBufferedStrategy:
 
     reply_extras: what a reply carries beside its values (the client method's
         ``reply_extras``, :mod:`fedgmr.training.extras`), merged with the class's own
-        :attr:`reply_extras`; a reply that breaks it is rejected with the spec's message.
+        :attr:`reply_extras` and the plug-ins'; a reply that breaks it is rejected with
+        the spec's message.
+    plugins: what a method adds to the server step (:mod:`fedgmr.strategy.plugins`:
+        SCAFFOLD's control variate, FedNova's step, FedDF's distillation, ...), each hook
+        called in this order; two that both replace the server step or the fusion are
+        refused (ValueError, one line).
     """
 
     #: reply extras every instance of the class checks (a subclass's own server half)
@@ -114,7 +120,7 @@ class MaskedBufferedStrategy:
                  client_samples: Sequence[int] | None = None, max_samples: int | None = None,
                  max_processed: int | None = None, max_update_norm: float | None = None,
                  norm_multiple: float | None = None, local_coords: torch.Tensor | None = None,
-                 reply_extras: Sequence[ExtraSpec] = ()) -> None:
+                 reply_extras: Sequence[ExtraSpec] = (), plugins: Sequence[ServerPlugin] = ()) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
         if bn_rule not in BN_RULES:
@@ -165,8 +171,23 @@ class MaskedBufferedStrategy:
         #: coordinates that stay on the clients (FedBN's BatchNorm layers): never uploaded,
         #: never aggregated; the global values there stay as they are
         self.local_coords = None if local_coords is None else local_coords.to(self.device, torch.bool)
+        conflict = plugin_conflict(plugins)
+        if conflict is not None:
+            raise ValueError(conflict)
+        #: what the method adds to the server step (bound to this strategy, in order)
+        self.plugins: tuple[ServerPlugin, ...] = tuple(plugins)
         #: the extras every reply must carry (:func:`~fedgmr.training.extras.validate_extras`)
-        self.reply_extras = merge_schemas(type(self).reply_extras, reply_extras)
+        self.reply_extras = merge_schemas(type(self).reply_extras, reply_extras,
+                                          *(p.reply_extras for p in self.plugins))
+        for p in self.plugins:
+            p.bind(self)
+
+    def plugin(self, kind: type[ServerPlugin]) -> Any:
+        """The plug-in of class ``kind`` (KeyError when there is none)."""
+        for p in self.plugins:
+            if isinstance(p, kind):
+                return p
+        raise KeyError(f"no {kind.__name__} plug-in on this strategy")
 
     # ------------------------------------------------------------------ dispatch
     @property
@@ -187,9 +208,27 @@ class MaskedBufferedStrategy:
 
     def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
                     changed: bool) -> Assignment:
-        """An assignment (also rebuilt for outstanding jobs when a checkpoint is loaded)."""
-        return Assignment(client_id, version, level, density, mask, self.rule.consumes, changed,
-                          Wire(reply_coords=self.upload_mask(mask)))
+        """An assignment (also rebuilt for outstanding jobs when a checkpoint is loaded),
+        as the plug-ins shape what travels with it."""
+        a = Assignment(client_id, version, level, density, mask, self.rule.consumes, changed,
+                       Wire(reply_coords=self.upload_mask(mask)))
+        for p in self.plugins:
+            a = p.wire(a)
+        return a
+
+    def job(self, client_id: int) -> Assignment | None:
+        """The outstanding assignment of ``client_id`` (None: none)."""
+        return self._outstanding.get(client_id)
+
+    def held_masks(self) -> list[torch.Tensor]:
+        """The mask each client last received (its level's mask before its first job)."""
+        return [self._held.get(c, self.policy.mask(self.ladder.levels[c])) for c in range(self.num_clients)]
+
+    @property
+    def incoming(self) -> dict[int, _Entry]:
+        """The accepted updates waiting for the next step, by client (a copy): the buffer,
+        or without one the arrivals of this step."""
+        return dict(self._incoming)
 
     def upload_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
         """The coordinates a client with ``mask`` uploads (None: all of ``mask``); one
@@ -250,6 +289,8 @@ class MaskedBufferedStrategy:
 
         The strategy keeps ``reply.values`` as they are (float32): do not modify them
         afterwards."""
+        for p in self.plugins:
+            reply = p.prepare(reply)
         try:
             entry = self._validate(reply)
         except InvalidUpdateError as exc:
@@ -259,6 +300,8 @@ class MaskedBufferedStrategy:
         self._incoming[entry.client_id] = entry
         if entry.client_id not in self._arrivals:
             self._arrivals.append(entry.client_id)
+        for p in self.plugins:
+            p.on_accept(entry)
         return True
 
     def _validate(self, reply: Reply) -> _Entry:
@@ -347,8 +390,10 @@ class MaskedBufferedStrategy:
         return extras
 
     def _check_extra_values(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
-        """A server's own test of a reply's checked extras (raises InvalidUpdateError; a
-        bound only the server knows, e.g. FedNova's most local steps)."""
+        """The plug-ins' own tests of a reply's checked extras (raise InvalidUpdateError;
+        a bound only the server knows, e.g. FedNova's most local steps)."""
+        for p in self.plugins:
+            p.check_extras(client_id, extras)
 
     # ------------------------------------------------------------------ aggregation
     @property
@@ -426,17 +471,24 @@ class MaskedBufferedStrategy:
             self._arrivals = [c for c in self._arrivals if c not in consumed]
             for c in consumed:
                 self._pending.pop(c, None)
+        for p in self.plugins:
+            report = p.after_aggregate(report)
         return report
 
     def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
               used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The aggregated model after server-side fusion (a subclass may distil it from the
+        """The aggregated model after server-side fusion (a plug-in may distil it from the
         updates used, e.g. FedDF); returns new tensors or the ones given."""
+        for p in self.plugins:
+            params, buffers = p.fuse(params, buffers, used)
         return params, buffers
 
     def _server_step(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """The new global model from the rule's result (a subclass may scale the step,
+        """The new global model from the rule's result (a plug-in may scale the step,
         e.g. SCAFFOLD's server learning rate); returns a new tensor."""
+        for p in self.plugins:
+            if implements(p, "server_step"):
+                return p.server_step(old, new)
         return new
 
     @staticmethod
@@ -467,8 +519,11 @@ class MaskedBufferedStrategy:
 
     def record_keys(self, version: int) -> dict[str, Any]:
         """Extra keys for the metrics record of model ``version`` (a clustered method's
-        assignments); none here."""
-        return {}
+        assignments, the plug-ins' keys)."""
+        rec: dict[str, Any] = {}
+        for p in self.plugins:
+            rec.update(p.record_keys(version))
+        return rec
 
     def min_coverage(self) -> int:
         """Minimum coverage index Gamma* of the last aggregation (0 when some coordinate
@@ -564,6 +619,8 @@ class MaskedBufferedStrategy:
             "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
             "bounds": bounds,
         }
+        for p in self.plugins:
+            p.state_dict(state, tensors)
         return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
@@ -600,16 +657,19 @@ class MaskedBufferedStrategy:
                        {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers},
                        int(item["num_processed"]), float(item["density"]))
             (self._buffer if item["where"] == "b" else self._pending)[e.client_id] = e
-        self._outstanding = {
-            int(o["client"]): self._assignment(int(o["client"]), int(o["version"]), int(o["level"]),
-                                               float(o["density"]), masks[int(o["mask"])], bool(o["mask_changed"]))
-            for o in state["outstanding"]
-        }
         self._held = {int(c): masks[int(k)] for c, k in state["held"].items()}
         self._last_used_masks = [masks[int(k)] for k in state.get("last_used", [])]
         self._last_used_densities = [float(d) for d in state.get(
             "last_used_densities", [mask_count(m) / m.numel() for m in self._last_used_masks])]  # older checkpoints
         self.influence.load_state_dict(state.get("bounds"), state["outstanding"], tensors, (self.params, self.buffers))
+        for p in self.plugins:
+            p.load_state_dict(state, tensors)
+        # rebuilt last: the plug-ins shape what travels with each (SCAFFOLD's c, FedMD's consensus)
+        self._outstanding = {
+            int(o["client"]): self._assignment(int(o["client"]), int(o["version"]), int(o["level"]),
+                                               float(o["density"]), masks[int(o["mask"])], bool(o["mask_changed"]))
+            for o in state["outstanding"]
+        }
 
 
 def mean_density(densities: list[float]) -> float:

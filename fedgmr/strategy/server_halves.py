@@ -1,9 +1,11 @@
 """The server half of each client method (``local.algorithm``), by name: what the
 strategy needs besides FedGMR's defaults. ``half(cfg, model, space)`` returns the
-strategy class (None: :class:`MaskedBufferedStrategy`) and extra constructor arguments.
+strategy class (None: :class:`MaskedBufferedStrategy`) and extra constructor arguments,
+among them ``plugins``, what the method adds to the server step
+(:mod:`fedgmr.strategy.plugins`).
 
-* ``scaffold``: :class:`~fedgmr.strategy.scaffold.ScaffoldStrategy` (server control
-  variate, ``local.server_lr``);
+* ``scaffold``: the :class:`~fedgmr.strategy.scaffold.ScaffoldControl` plug-in (server
+  control variate, ``local.server_lr``);
 * ``fedbn``: BatchNorm parameters are local coordinates (never uploaded or aggregated);
 * ``local_sgd``: :class:`~fedgmr.strategy.local_only.LocalOnlyStrategy` (nothing uploaded or aggregated);
 * ``standalone``: every coordinate is local (nothing is uploaded or aggregated);
@@ -29,10 +31,10 @@ ServerHalf = Callable[[Any, nn.Module, ParamSpace], tuple["type[MaskedBufferedSt
 SERVER_HALVES: Registry[ServerHalf] = Registry("server half")
 
 
-def _scaffold(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
-    from fedgmr.strategy.scaffold import ScaffoldStrategy
+def _scaffold(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
+    from fedgmr.strategy.scaffold import ScaffoldControl
 
-    return ScaffoldStrategy, {"server_lr": cfg.local.server_lr}
+    return None, {"plugins": (ScaffoldControl(cfg.local.server_lr),)}
 
 
 def _fedbn(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:

@@ -28,6 +28,7 @@ from fedgmr.flower.client import load_run_config, load_state, save_state, train_
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings
 from fedgmr.flower.payload import (decode_extras, decode_instruction, decode_reply, encode_extras, encode_instruction,
                                    encode_reply)
+from fedgmr.strategy.scaffold import ScaffoldControl
 from fedgmr.training.extras import extra_names
 
 _CNN = {"model": {"name": "cnn", "options": {}}}
@@ -127,7 +128,8 @@ def test_sync_flower_rounds_equal_the_simulators_with_client_state_and_extras(tm
     if not sim.strategy.buffers:  # no buffers on the wire: the uplink is the simulator's bytes exactly
         assert loop.stats.bytes_up == sim.simulator.bytes_up
     if method == "scaffold":
-        assert torch.equal(exp.strategy.c, sim.strategy.c) and bool(exp.strategy.c.abs().sum() > 0)
+        c = exp.strategy.plugin(ScaffoldControl).c
+        assert torch.equal(c, sim.strategy.plugin(ScaffoldControl).c) and bool(c.abs().sum() > 0)
 
 
 def test_scaffold_state_persists_between_a_clients_jobs_and_the_extras_arrive(tmp_path):
@@ -140,7 +142,7 @@ def test_scaffold_state_persists_between_a_clients_jobs_and_the_extras_arrive(tm
         # from its second job on, the client starts from the c_i its previous job left
         assert all(s["c_i"].abs().sum() > 0 and s["held"].all() for s in starts[1:]), node
         assert not torch.equal(starts[1]["c_i"], starts[2]["c_i"])
-    assert bool(exp.strategy.c.abs().sum() > 0)  # the replies' delta_c moved the server's c
+    assert bool(exp.strategy.plugin(ScaffoldControl).c.abs().sum() > 0)  # the replies' delta_c moved the server's c
     # c went down beside the model, delta_c came back beside the values: 4 bytes a value each way
     replies = loop.stats.replies
     assert loop.stats.bytes_up == replies * (HEADER_BYTES + 2 * 4 * numel) == replies * payload_nbytes(2 * numel)
@@ -192,7 +194,7 @@ def test_a_scaffold_reply_with_bad_extras_is_rejected_and_never_moves_c(tmp_path
     assert exp.strategy.rejected == ROUNDS  # node 1's every reply
     assert len(loop.stats.log) >= ROUNDS and all(words in line for line in loop.stats.log if "client 1" in line)
     assert all("client 1" in line for line in loop.stats.log if line.startswith("rejected"))
-    assert bool(torch.isfinite(exp.strategy.c).all()) and exp.strategy.version == ROUNDS
+    assert bool(torch.isfinite(exp.strategy.plugin(ScaffoldControl).c).all()) and exp.strategy.version == ROUNDS
 
 
 # ---------------------------------------------------------------------- the payload

@@ -31,6 +31,7 @@ from fedgmr.flower.client import load_run_config, train_handler, workload_for
 from fedgmr.flower.faults import corrupt
 from fedgmr.flower.loop import BufferedServerLoop, LoopSettings, _Flight, bound_influence
 from fedgmr.flower.payload import decode_instruction, encode_instruction, reply_limit
+from fedgmr.strategy.scaffold import ScaffoldControl
 
 SLOTS = (0, 3)  # the full-density client and a 0.05-density one (High heterogeneity, 4 clients)
 RANDOM_CASES = 400
@@ -456,12 +457,13 @@ def test_every_malformed_extra_is_rejected_cleanly_and_never_moves_c(tmp_path, c
     cases.append(("extra.delta_c missing", {k: v for k, v in honest.items() if k != "extra.delta_c"}))
     for name, v in (("extra.tau", struct.pack("<f", 3.0)), ("extra.", b""), ("extra.c", dc), ("extra.delta_c.x", dc)):
         cases.append((f"unexpected {name!r}", dict(honest, **{name: v})))
-    c_before = _bits(loop.strategy.c)
+    c_before = _bits(loop.strategy.plugin(ScaffoldControl).c)
     failures = [f for name, fields in cases if (f := _check_rejected(loop, 1, name, fields)) is not None]
     assert not failures, "\n".join(failures)
     assert loop.strategy.rejected == len(cases) and loop.strategy.arrivals == []
     assert _offer(loop, 1, honest) is True  # the honest reply still counts, and moves c once aggregated
     loop.strategy.aggregate()
-    assert _bits(loop.strategy.c) != c_before and bool(torch.isfinite(loop.strategy.c).all())
+    c = loop.strategy.plugin(ScaffoldControl).c
+    assert _bits(c) != c_before and bool(torch.isfinite(c).all())
     with capsys.disabled():
         print(f"\nSCAFFOLD delta_c: {len(cases)} malformed replies tried, {len(cases)} rejected cleanly, 0 failed")

@@ -1,0 +1,119 @@
+"""Server plug-ins: what a method adds to FedGMR's one server strategy.
+
+A method whose server does more than FedGMR's (SCAFFOLD's control variate, FedNova's
+normalised step, FedDyn's state ``h``, FedDF's distillation, FedMD's consensus,
+HeteroFL's label split) brings a :class:`ServerPlugin` instead of a subclass of
+:class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy`. The strategy calls
+each hook of every plug-in, in the order they were given, at one point of its step:
+
+========================  ==================================================================
+hook                      when
+========================  ==================================================================
+``wire(a)``               a job is assigned (also rebuilt from a checkpoint): what travels
+``prepare(reply)``        a reply arrives, before validation (HeteroFL restricts its mask)
+``check_extras(c, x)``    the reply's declared extras passed the schema (a server-only bound)
+``on_accept(update)``     the reply was accepted into the buffer
+``server_step(old, new)`` the rule's result becomes the new model (*one plug-in at most*)
+``fuse(p, b, used)``      the aggregate is post-processed from the updates used (*at most one*)
+``after_aggregate(r)``    the step is done (its report may be amended)
+``record_keys(v)``        the metrics record of model version ``v``
+``state_dict`` / ``load_state_dict``  checkpoints (each plug-in its own keys)
+========================  ==================================================================
+
+A plug-in reads the strategy it is bound to through its public surface (``params``,
+``version``, ``full_values``, ``held_masks``, ``incoming``, ``job``, ...), never its private state.
+``server_step`` and ``fuse`` each replace what the server computes: two plug-ins that both
+implement one are refused in one line (:func:`plugin_conflict`), never chained silently.
+A plug-in's ``reply_extras`` join the strategy's reply schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.training.extras import ExtrasSchema
+
+#: an accepted update as the strategy keeps it (``masked_buffered._Entry``: client_id,
+#: version, mask, values, num_samples, buffers, num_processed, density, extras); typed
+#: loosely here because the strategy imports this module
+Update = Any
+
+#: hooks whose result replaces the server's own: at most one plug-in may implement each
+EXCLUSIVE_HOOKS: tuple[str, ...] = ("server_step", "fuse")
+
+
+class ServerPlugin:
+    """A part of the server step (see the module). Every hook does nothing by default."""
+
+    #: the plug-in's name, in messages and in :meth:`MaskedBufferedStrategy.plugin`
+    name: ClassVar[str] = "plug-in"
+    #: what it expects replies to carry beside their values (the client method's declaration)
+    reply_extras: ClassVar[ExtrasSchema] = ()
+
+    #: the :class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy` it is bound to
+    strategy: Any
+
+    def bind(self, strategy: Any) -> None:
+        """Attach to ``strategy`` (once, at the end of its construction)."""
+        self.strategy = strategy
+
+    def wire(self, a: Assignment) -> Assignment:
+        """The assignment as it goes out (what travels with it, :class:`~fedgmr.strategy.messages.Wire`)."""
+        return a
+
+    def prepare(self, reply: Reply) -> Reply:
+        """A reply before validation."""
+        return reply
+
+    def check_extras(self, client_id: int, extras: dict[str, torch.Tensor]) -> None:
+        """Raise :class:`~fedgmr.errors.InvalidUpdateError` for extras only the server can judge."""
+
+    def on_accept(self, update: Update) -> None:
+        """An accepted update (its checked extras in ``update.extras``)."""
+
+    def server_step(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The new global model from the rule's result ``new`` (a new tensor)."""
+        return new
+
+    def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+             used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The aggregated model after server-side work on the updates used."""
+        return params, buffers
+
+    def after_aggregate(self, report: StepReport) -> StepReport:
+        """The finished step's report (amended or as it is)."""
+        return report
+
+    def record_keys(self, version: int) -> dict[str, Any]:
+        """Extra keys for the metrics record of model ``version``."""
+        return {}
+
+    def state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Add this plug-in's checkpoint to ``state`` (JSON-able) and ``tensors``."""
+
+    def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Restore from :meth:`state_dict`'s keys (tensors already on the strategy's device);
+        the strategy's own state is loaded first."""
+
+
+def implements(plugin: ServerPlugin, hook: str) -> bool:
+    """Whether ``plugin`` overrides ``hook``."""
+    return getattr(type(plugin), hook) is not getattr(ServerPlugin, hook)
+
+
+def plugin_conflict(plugins: Sequence[ServerPlugin], names: Sequence[str] | None = None) -> str | None:
+    """The line refusing two plug-ins that both implement an exclusive hook (None: none
+    do). ``names``: how to call each plug-in (default: its ``name``)."""
+    names = [p.name for p in plugins] if names is None else list(names)
+    for hook in EXCLUSIVE_HOOKS:
+        owners = [n for p, n in zip(plugins, names) if implements(p, hook)]
+        if len(owners) > 1:
+            return (f"{owners[0]} and {owners[1]} both replace the server's {hook.replace('_', ' ')}: "
+                    f"they cannot be combined")
+    return None
+
+
+__all__ = ["EXCLUSIVE_HOOKS", "ServerPlugin", "Update", "implements", "plugin_conflict"]
