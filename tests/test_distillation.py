@@ -21,7 +21,7 @@ from fedgmr.errors import ConfigError
 from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
-from fedgmr.strategy.distill import ServerDistiller
+from fedgmr.strategy.distill import FedDFDistillation, FedMDConsensus, ServerDistiller
 from fedgmr.strategy.masked_buffered import _Entry
 
 PROXY = {"proxy": {"name": "digits", "size": 120}, "steps": 4, "batch_size": 32}
@@ -108,10 +108,11 @@ def test_each_teacher_is_evaluated_under_its_own_mask():
         full = torch.zeros(n)
         full[mask] = values
         w, b = full[:n - 10].view(10, -1), full[n - 10:]
-        proxy = s.distiller.proxy
+        df = s.plugin(FedDFDistillation)
+        proxy = df.distiller.proxy
         expect = F.linear(proxy.flatten(1), w, b)
-        assert torch.allclose(s.teacher(e), expect, atol=1e-5)
-        assert s.teacher(e) is s.teacher(e)  # cached while it is the client's latest update
+        assert torch.allclose(df.teacher(e), expect, atol=1e-5)
+        assert df.teacher(e) is df.teacher(e)  # cached while it is the client's latest update
     finally:
         exp.executor.close()
 
@@ -126,7 +127,7 @@ def test_feddf_costs_clients_nothing_and_changes_the_model():
     df, exp = simulate(_raw("feddf"))
     assert _bytes(df) == _bytes(avg)  # the same transfers at the same virtual times
     assert [r["accuracy"] for r in df] != [r["accuracy"] for r in avg]
-    assert exp.strategy.distill_steps == 5 * 4
+    assert exp.strategy.plugin(FedDFDistillation).distill_steps == 5 * 4
     # on FedGMR's masks (fixed masks, no restoration: the transfers do not depend on the model)
     fixed = {"restoration": {"trigger": "none"}, "submodel": {"refresh_every": None}}
     gmr, _ = simulate(_raw("fedgmr", **fixed))
@@ -144,7 +145,7 @@ def test_distillation_time_is_charged_on_the_virtual_clock_when_asked():
 def test_early_stopping_keeps_the_best_of_the_aggregate_and_the_students():
     records, exp = simulate(_raw("feddf", distill={"val_every": 1, "patience": 1, "steps": 6},
                                  run={"max_steps": 4}))
-    assert exp.strategy.distill_steps <= 4 * 6
+    assert exp.strategy.plugin(FedDFDistillation).distill_steps <= 4 * 6
     # the metrics say how often a student beat the aggregate on validation, and by how much
     last = records[-1]
     assert last["distillations"] == 4 and 0 <= last["students_kept"] <= 4
@@ -155,7 +156,7 @@ def test_early_stopping_keeps_the_best_of_the_aggregate_and_the_students():
         assert gain is not None and gain >= 0  # the kept model is never worse than the aggregate on val
         assert (rec["students_kept"] - prev["students_kept"] == 1) == (gain > 0)
     # the aggregate's and the kept model's validation accuracy, as the distiller reports them
-    start, best = exp.strategy.distiller.last_val
+    start, best = exp.strategy.plugin(FedDFDistillation).distiller.last_val
     assert best - start == pytest.approx(last["distill_val_gain"])
 
 
@@ -174,7 +175,8 @@ def test_fedmd_sends_logits_and_keeps_client_models():
     assert records[2]["bytes_down"] == 10 * up and records[2]["bytes_up"] == 20 * up
     states = exp.simulator.client_states
     assert sorted(states) == list(range(10)) and all("w" in st for st in states.values())
-    assert exp.strategy.consensus is not None and exp.strategy.consensus.numel() == public * classes
+    fedmd = exp.strategy.plugin(FedMDConsensus)
+    assert fedmd.consensus is not None and fedmd.consensus.numel() == public * classes
     # the server's own parameters never move: FedMD has no global model
     init = build_experiment(resolve_config(_raw("fedmd")))
     init.executor.close()

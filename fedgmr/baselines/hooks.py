@@ -23,8 +23,7 @@ from fedgmr.baselines.policies import FiarsePolicy, OrderedDropoutPolicy, Rollin
 
 #: the sub-model policies whose methods train with their own client procedure
 BASELINE_POLICIES: tuple[type, ...] = (WidthPolicy, FiarsePolicy)
-from fedgmr.baselines.server import (BaselineStrategy, BNStatistics, has_bn,
-                                     label_keep_masks)
+from fedgmr.baselines.server import BNStatistics, LabelSplit, has_bn, label_keep_masks
 from fedgmr.baselines.training import (FiarseClient, ModelSpec, OrderedDropoutClient, WidthClient,
                                        spec_options)
 from fedgmr.errors import ConfigError
@@ -70,8 +69,7 @@ def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, polic
     if not isinstance(policy, WidthPolicy):
         return None
     spec = policy.structure.build
-    setup = BaselineSetup(strategy_cls=BaselineStrategy,
-                          densities=policy.level_densities())
+    setup = BaselineSetup(densities=policy.level_densities())
     rates, sizes = tuple(policy.rates), tuple(policy.level_sizes())
     if isinstance(policy, OrderedDropoutPolicy):
         setup.client_method = OrderedDropoutClient(spec, rates, sizes, policy.p_values, b.distill)
@@ -79,8 +77,8 @@ def baseline_setup(cfg: Any, data: Any, partition: Any, space: ParamSpace, polic
         setup.client_method = WidthClient(spec, rates, sizes, b.scaler, b.label_split and data.task == "classification")
         if b.label_split and data.task == "classification":
             y = data.train.y
-            setup.strategy_kwargs["label_keep"] = label_keep_masks(
-                space, [y[torch.as_tensor(idx, dtype=torch.long)] for idx in partition.clients], data.num_classes)
+            setup.strategy_kwargs["plugins"] = (LabelSplit(label_keep_masks(
+                space, [y[torch.as_tensor(idx, dtype=torch.long)] for idx in partition.clients], data.num_classes)),)
     eval_model: nn.Module = model_factory().to(device)
     if b.static_bn and has_bn(eval_model):
         val_idx = torch.as_tensor(partition.server_val, dtype=torch.long)

@@ -1,10 +1,10 @@
 """Server-side pieces of the baselines: label split, static BatchNorm statistics and
-structured payload sizes, as thin extensions of the shared strategy and simulator."""
+structured payload sizes, as plug-ins and options of the shared strategy and simulator."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
@@ -13,8 +13,8 @@ from fedgmr.algorithm.params import ParamSpace, get_buffers
 from fedgmr.baselines.structure import WidthStructure
 from fedgmr.device import module_device
 from fedgmr.models.scaler import has_batch_norm, recompute_bn_stats
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
+from fedgmr.strategy.plugins import ServerPlugin
 
 
 def label_keep_masks(space: ParamSpace, client_labels: Sequence[torch.Tensor], num_classes: int) -> list[torch.Tensor]:
@@ -64,30 +64,33 @@ class BNStatistics:
         return get_buffers(self.model)
 
 
-class BaselineStrategy(MaskedBufferedStrategy):
-    """:class:`MaskedBufferedStrategy` plus HeteroFL's label split.
+class LabelSplit(ServerPlugin):
+    """HeteroFL's label split, a plug-in of the shared strategy: a reply is restricted to
+    ``assigned mask & keep`` before validation, which the strategy accepts as a subset of
+    the assigned mask.
 
-    label_keep: per client, the coordinates it may contribute (HeteroFL's label split);
-        a reply is restricted to ``assigned mask & keep`` before validation, which the
-        strategy accepts as a subset of the assigned mask.
-
-    Static BatchNorm (``bn_stats``) is the shared strategy's own option.
+    label_keep: per client, the coordinates it may contribute.
     """
 
-    def __init__(self, *args, label_keep: Sequence[torch.Tensor] | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.label_keep = [k.to(self.device) for k in label_keep] if label_keep is not None else None
+    name = "HeteroFL's label split"
 
-    def receive(self, reply: Reply) -> bool:
+    def __init__(self, label_keep: Sequence[torch.Tensor]) -> None:
+        self.label_keep = list(label_keep)
+
+    def bind(self, strategy: Any) -> None:
+        super().bind(strategy)
+        self.label_keep = [k.to(strategy.device) for k in self.label_keep]
+
+    def prepare(self, reply: Reply) -> Reply:
         cid = reply.client_id
-        if self.label_keep is not None and isinstance(cid, int) and 0 <= cid < len(self.label_keep) \
+        if isinstance(cid, int) and 0 <= cid < len(self.label_keep) \
                 and reply.mask is None and isinstance(reply.values, torch.Tensor) and reply.values.ndim == 1:
-            a = self._outstanding.get(cid)
+            a = self.strategy.job(cid)
             if a is not None and reply.values.numel() == int(a.mask.sum()):
                 keep = self.label_keep[cid]
-                values = reply.values.to(self.device)
+                values = reply.values.to(self.strategy.device)
                 reply = dataclasses.replace(reply, mask=a.mask & keep, values=values[keep[a.mask]])
-        return super().receive(reply)
+        return reply
 
 
 def has_bn(model: nn.Module) -> bool:

@@ -352,9 +352,11 @@ def _server_parts(cfg: ExperimentConfig, data: FederatedData, partition: Partiti
         from fedgmr.strategy.clustered import clustering_half
 
         own = [p for p in parts if p.brings_class]
-        if baseline is not None or own:
+        plugins = [q for p in parts for q in p.kwargs.get("plugins", ())]  # a cluster's step runs no plug-in
+        if baseline is not None or own or plugins:
             what = (f"submodel.policy {cfg.submodel.policy!r} (a width baseline)" if baseline is not None
-                    else f"{own[0].strategy_cls.__name__}")  # type: ignore[union-attr]
+                    else f"{own[0].strategy_cls.__name__}" if own  # type: ignore[union-attr]
+                    else plugins[0].name)
             raise ConfigError(f"clustering.kind {cfg.clustering.kind!r} needs FedGMR's own server; {what} brings "
                               f"its own")
         cluster_cls, cluster_kwargs = clustering_half(cfg, factory, streams.init, device)

@@ -1,11 +1,11 @@
-"""Federated distillation on FedGMR's strategy (docs/methods/feddf.md, fedmd.md).
+"""Federated distillation as plug-ins of FedGMR's strategy (docs/methods/feddf.md, fedmd.md).
 
-* :class:`FedDFStrategy` - FedDF (Lin et al., 2020): after the aggregation rule, the
+* :class:`FedDFDistillation` - FedDF (Lin et al., 2020): after the aggregation rule, the
   server distils the aggregated model on unlabelled proxy data towards the averaged
   teacher ``softmax(mean_k z_k / T)`` of the updates that aggregation used, each teacher
   evaluated under its own mask (the sub-model the client trained: zero off its mask, its
   own BatchNorm statistics). Clients do nothing more and send nothing more.
-* :class:`FedMDStrategy` - FedMD (Li & Wang, 2019): replies carry logits on the public
+* :class:`FedMDConsensus` - FedMD (Li & Wang, 2019): replies carry logits on the public
   set instead of weights; every aggregation makes their mean the *consensus* that the
   next assignments carry (the client half is :mod:`fedgmr.training.fedmd`).
 
@@ -27,11 +27,12 @@ import torch.nn as nn
 
 from fedgmr.algorithm.distillation import batch_indices, consensus, distill_loss, ensemble_targets
 from fedgmr.algorithm.maskinfo import frozen, mask_indices
-from fedgmr.algorithm.params import ParamSpace, all_finite, set_buffers
+from fedgmr.algorithm.params import ParamSpace, set_buffers
 from fedgmr.device import module_device
-from fedgmr.errors import ConfigError, InvalidUpdateError
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
-from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
+from fedgmr.errors import ConfigError
+from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.messages import Assignment, StepReport, Wire
+from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.training.fedmd import FedMDClient
 
 log = logging.getLogger(__name__)
@@ -123,16 +124,16 @@ class ServerDistiller:
         return self.space.flatten(self.model).to(params.device), taken
 
 
-class FedDFStrategy(MaskedBufferedStrategy):
-    """:class:`MaskedBufferedStrategy` plus FedDF's ensemble distillation after the rule.
+class FedDFDistillation(ServerPlugin):
+    """FedDF's ensemble distillation of the aggregate, after the rule.
 
     distiller: the server distillation; every: distil at every that many aggregations;
     seconds_per_step: virtual seconds each distillation step adds to the server's time.
     """
 
-    def __init__(self, *args: Any, distiller: ServerDistiller, every: int = 1, seconds_per_step: float = 0.0,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    name = "FedDF's distillation"
+
+    def __init__(self, distiller: ServerDistiller, every: int = 1, seconds_per_step: float = 0.0) -> None:
         self.distiller = distiller
         self.every = int(every)
         self.seconds_per_step = float(seconds_per_step)
@@ -151,19 +152,20 @@ class FedDFStrategy(MaskedBufferedStrategy):
         hit = self._teachers.get(e.client_id)
         if hit is not None and hit[0] is e:
             return hit[1]
-        full = torch.zeros_like(self.params)
+        full = torch.zeros_like(self.strategy.params)
         full[mask_indices(e.mask)] = e.values
         z = self.distiller.logits(full, e.buffers)
         self._teachers[e.client_id] = (e, z)
         return z
 
-    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self._seconds = 0.0
-        if not used or self.version % self.every:
+        version = self.strategy.version
+        if not used or version % self.every:
             return params, buffers
         teachers = [self.teacher(e) for e in used]
-        out, steps = self.distiller.distil(params, buffers, teachers, self.version)
+        out, steps = self.distiller.distil(params, buffers, teachers, version)
         self._seconds = steps * self.seconds_per_step
         self.distill_steps += steps
         self.distillations += 1
@@ -183,79 +185,67 @@ class FedDFStrategy(MaskedBufferedStrategy):
             rec["distill_val_gain"] = self.last_val_gain
         return rec
 
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        state, tensors = super().state_dict()
+    def state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         state["feddf"] = {"distillations": self.distillations, "students_kept": self.students_kept,
                           "last_val_gain": self.last_val_gain}
-        return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state, tensors)
         own = state.get("feddf", {})
         self.distillations = int(own.get("distillations", 0))
         self.students_kept = int(own.get("students_kept", 0))
         self.last_val_gain = own.get("last_val_gain")
 
-    def aggregate(self) -> StepReport:
-        report = super().aggregate()
-        live = {cid: e for cid, e in self._buffer.items()}
+    def after_aggregate(self, report: StepReport) -> StepReport:
+        live = self.strategy.incoming  # the updates that stay for the next step keep their logits
         self._teachers = {c: t for c, t in self._teachers.items() if live.get(c) is t[0]}
         return dataclasses.replace(report, server_seconds=self._seconds)
 
 
-class FedMDStrategy(MaskedBufferedStrategy):
+class FedMDConsensus(ServerPlugin):
     """FedMD's server: replies carry ``logits`` (public samples x classes, flat) and no
     weights; each aggregation sets the consensus (their mean) that later assignments carry.
     The strategy's own parameters never change (FedMD has no global model)."""
 
-    reply_extras = FedMDClient.reply_extras  # the logits, checked by the base class
+    name = "FedMD's consensus"
+    reply_extras = FedMDClient.reply_extras  # the logits, checked by the strategy
 
-    def __init__(self, *args: Any, num_public: int, num_classes: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, num_public: int, num_classes: int) -> None:
         self.num_values = int(num_public) * int(num_classes)
         #: the consensus logits (None before the first aggregation)
         self.consensus: torch.Tensor | None = None
         self._logits: dict[int, torch.Tensor] = {}
-        self._nothing = frozen(torch.zeros(self.space.numel, dtype=torch.bool, device=self.device))
 
-    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
-                    changed: bool) -> Assignment:
-        a = super()._assignment(client_id, version, level, density, mask, False)
-        # no model travels: the consensus goes down whole (once there is one), the logits come back whole
+    def bind(self, strategy: Any) -> None:
+        super().bind(strategy)
+        self._nothing = frozen(torch.zeros(strategy.space.numel, dtype=torch.bool, device=strategy.device))
+
+    def wire(self, a: Assignment) -> Assignment:
+        # no model travels (nor a mask): the consensus goes down whole (once there is one), the logits come back whole
         plain = {} if self.consensus is None else {"consensus": self.consensus}
-        return dataclasses.replace(a, wire=Wire(models=(), plain=plain, reply_coords=self._nothing,
-                                                reply_plain=self.num_values))
+        return dataclasses.replace(a, mask_changed=False, wire=Wire(models=(), plain=plain, reply_coords=self._nothing,
+                                                                    reply_plain=self.num_values))
 
-    def receive(self, reply: Reply) -> bool:
-        accepted = super().receive(reply)
-        if accepted:
-            self._logits[reply.client_id] = self._incoming[reply.client_id].extras["logits"]
-        return accepted
+    def on_accept(self, update: _Entry) -> None:
+        self._logits[update.client_id] = update.extras["logits"]
 
-    def aggregate(self) -> StepReport:
-        report = super().aggregate()
+    def after_aggregate(self, report: StepReport) -> StepReport:
         used = [self._logits[c] for c in sorted(self._logits) if c in set(report.used)]
         if used:
             self.consensus = consensus(used)
         self._logits.clear()
         return report
 
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        state, tensors = super().state_dict()
+    def state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         if self.consensus is not None:
             tensors["fedmd/consensus"] = self.consensus
         for cid, z in self._logits.items():
             tensors[f"fedmd/logits/{cid}"] = z
         state["fedmd"] = {"pending": sorted(self._logits), "consensus": self.consensus is not None}
-        return state, tensors
 
     def load_state_dict(self, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state, tensors)
         own = state.get("fedmd", {})
-        self.consensus = tensors["fedmd/consensus"].to(self.device).clone() if own.get("consensus") else None
-        self._logits = {int(c): tensors[f"fedmd/logits/{c}"].to(self.device).clone() for c in own.get("pending", [])}
-        for cid, a in list(self._outstanding.items()):  # rebuilt by the base class without the FedMD fields
-            self._outstanding[cid] = self._assignment(cid, a.version, a.level, a.density, a.mask, False)
+        self.consensus = tensors["fedmd/consensus"].clone() if own.get("consensus") else None
+        self._logits = {int(c): tensors[f"fedmd/logits/{c}"].clone() for c in own.get("pending", [])}
 
 
 # ---------------------------------------------------------------------- wiring (build)
@@ -283,9 +273,10 @@ def load_proxy(cfg: Any, input_shape: tuple[int, ...]) -> torch.Tensor:
 
 def distill_half(cfg: Any, data: Any, model_factory: Callable[[], nn.Module], space: ParamSpace,
                  device: torch.device, val_split: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-                 baseline: Any) -> tuple[type[MaskedBufferedStrategy] | None, dict[str, Any], torch.Tensor | None]:
-    """The strategy class, its arguments and the proxy data distillation needs (None, {},
-    None when the config distils nothing)."""
+                 baseline: Any) -> tuple[None, dict[str, Any], torch.Tensor | None]:
+    """The strategy arguments (its ``plugins``: FedDF's distillation or FedMD's
+    consensus) and the proxy data distillation needs (None, {}, None when the config
+    distils nothing); no class of its own."""
     d = cfg.distill
     fedmd = cfg.local.algorithm == "fedmd"
     if not (d.server or fedmd):
@@ -295,7 +286,7 @@ def distill_half(cfg: Any, data: Any, model_factory: Callable[[], nn.Module], sp
                           f"{cfg.submodel.policy!r} (a width baseline) is not supported")
     proxy = load_proxy(cfg, data.input_shape)
     if fedmd:
-        return FedMDStrategy, {"num_public": len(proxy), "num_classes": data.num_classes}, proxy
+        return None, {"plugins": (FedMDConsensus(len(proxy), data.num_classes),)}, proxy
     from fedgmr.training.evaluate import evaluate
 
     model = model_factory().to(device)
@@ -312,7 +303,7 @@ def distill_half(cfg: Any, data: Any, model_factory: Callable[[], nn.Module], sp
 
     distiller = ServerDistiller(model, space, proxy, d.temperature, d.steps, d.batch_size, d.lr, cfg.seed,
                                 d.val_every, d.patience, score)
-    return FedDFStrategy, {"distiller": distiller, "every": d.every, "seconds_per_step": d.seconds_per_step}, proxy
+    return None, {"plugins": (FedDFDistillation(distiller, d.every, d.seconds_per_step),)}, proxy
 
 
 def attach_public(cfg: Any, workload: Any, proxy: torch.Tensor | None) -> None:
@@ -324,5 +315,5 @@ def attach_public(cfg: Any, workload: Any, proxy: torch.Tensor | None) -> None:
                                                      digest_steps=d.steps, batch_size=d.batch_size, lr=d.lr)
 
 
-__all__ = ["ServerDistiller", "FedDFStrategy", "FedMDStrategy", "distill_seed", "load_proxy", "distill_half",
+__all__ = ["ServerDistiller", "FedDFDistillation", "FedMDConsensus", "distill_seed", "load_proxy", "distill_half",
            "attach_public"]

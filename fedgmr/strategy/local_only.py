@@ -11,28 +11,28 @@ import dataclasses
 import torch
 
 from fedgmr.algorithm.maskinfo import frozen, memo
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
+from fedgmr.strategy.masked_buffered import _Entry
 from fedgmr.strategy.messages import Assignment
+from fedgmr.strategy.plugins import ServerPlugin
 
 
-class LocalOnlyStrategy(MaskedBufferedStrategy):
-    """:class:`MaskedBufferedStrategy` that aggregates nothing: replies carry no values
-    (an empty upload mask) and every aggregation keeps the global model."""
+class LocalOnly(ServerPlugin):
+    """A plug-in that makes the strategy aggregate nothing: replies carry no values (an
+    empty upload mask) and every aggregation keeps the global model."""
 
-    def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
-                    changed: bool) -> Assignment:
+    name = "local-only training"
+
+    def wire(self, a: Assignment) -> Assignment:
         """Nothing travels either way: the client trains the model it keeps, starting from
         the run's initial weights, which it builds from the seed (as FedMD's clients do),
         so neither the download nor the upload takes bytes or virtual time."""
-        a = super()._assignment(client_id, version, level, density, mask, changed)
-        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=()))
+        mask = a.mask
+        nothing = memo(mask, ("upload", "nothing"), lambda: frozen(torch.zeros_like(mask)))
+        return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=(), reply_coords=nothing))
 
-    def upload_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
-        return memo(mask, ("upload", "nothing"), lambda: frozen(torch.zeros_like(mask)))
-
-    def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.params, self.buffers
+    def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
+             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.strategy.params, self.strategy.buffers
 
 
-__all__ = ["LocalOnlyStrategy"]
+__all__ = ["LocalOnly"]

@@ -7,7 +7,7 @@ among them ``plugins``, what the method adds to the server step
 * ``scaffold``: the :class:`~fedgmr.strategy.scaffold.ScaffoldControl` plug-in (server
   control variate, ``local.server_lr``);
 * ``fedbn``: BatchNorm parameters are local coordinates (never uploaded or aggregated);
-* ``local_sgd``: :class:`~fedgmr.strategy.local_only.LocalOnlyStrategy` (nothing uploaded or aggregated);
+* ``local_sgd``: the :class:`~fedgmr.strategy.local_only.LocalOnly` plug-in (nothing uploaded or aggregated);
 * ``standalone``: every coordinate is local (nothing is uploaded or aggregated);
 * the others (``sgd``, ``fedprox``, ``ditto``, ``fedmrl``): nothing - their server is FedAvg's / FedGMR's.
 """
@@ -45,16 +45,16 @@ def _fedbn(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[st
     return None, {"local_coords": local}
 
 
-def _standalone(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
-    from fedgmr.strategy.local_only import LocalOnlyStrategy
+def _standalone(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
+    from fedgmr.strategy.local_only import LocalOnly
 
-    return LocalOnlyStrategy, {}  # nothing is sent or averaged (each client trains its own F_i)
+    return None, {"plugins": (LocalOnly(),)}  # nothing is sent or averaged (each client trains its own F_i)
 
 
-def _local(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[type[MaskedBufferedStrategy], dict[str, Any]]:
-    from fedgmr.strategy.local_only import LocalOnlyStrategy
+def _local(cfg: Any, model: nn.Module, space: ParamSpace) -> tuple[None, dict[str, Any]]:
+    from fedgmr.strategy.local_only import LocalOnly
 
-    return LocalOnlyStrategy, {}
+    return None, {"plugins": (LocalOnly(),)}
 
 
 SERVER_HALVES.register("scaffold", _scaffold)

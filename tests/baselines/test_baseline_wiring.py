@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conftest import tiny_config
-from fedgmr.baselines.server import BaselineStrategy
+from fedgmr.baselines.server import LabelSplit
 from fedgmr.algorithm.encoding import payload_nbytes
 from fedgmr.baselines.wire import STRUCTURED_CODE_BYTES
 from fedgmr.experiment.build import build_experiment
@@ -20,7 +20,7 @@ def _build(method: str, **sections):
 def test_heterofl_bytes_are_structured_payloads_and_label_split_reaches_aggregation():
     exp = _build("heterofl")
     sim, st = exp.simulator, exp.strategy
-    assert isinstance(st, BaselineStrategy)
+    assert isinstance(st.plugin(LabelSplit), LabelSplit)
     assert st.policy.code_nbytes(st.policy.mask(0)) == STRUCTURED_CODE_BYTES  # a rate and a shift, no mask bits
     sim.start()
     masks = [a.mask for a in st._outstanding.values()]
@@ -31,7 +31,7 @@ def test_heterofl_bytes_are_structured_payloads_and_label_split_reaches_aggregat
     out = exp.space.output_layer
     w = next(p for p in exp.space.params if p.name == f"{out}.weight")
     labels = [set(exp.data.train.y[torch.as_tensor(idx)].tolist()) for idx in exp.partition.clients]
-    for cid, keep in enumerate(st.label_keep):
+    for cid, keep in enumerate(st.plugin(LabelSplit).label_keep):
         rows = keep[w.slice].view(w.shape).all(1)
         assert set(rows.nonzero().view(-1).tolist()) == labels[cid]
     densities = st.densities()
