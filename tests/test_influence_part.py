@@ -87,3 +87,21 @@ def test_the_strategy_applies_the_part_to_every_accepted_reply():
     assert torch.allclose(s.params, T([0.375, 1.25]))
     state, tensors = s.state_dict()
     assert state["bounds"] == {"clipped": 1, "capped": 1, "norms": [2.5, 1.0]}
+
+
+def test_restoration_is_a_part_the_strategy_forwards_to():
+    """The trigger fires at its time; the part moves every client one level up, and the
+    strategy's on_validation returns the clients it moved (its state keys unchanged)."""
+    from fedgmr.algorithm.restoration import FixedTimeTrigger
+    from fedgmr.strategy.restoration import Restoration
+
+    ladder = DensityLadder((0.5, 1.0), [0, 0])
+    part = Restoration(ladder, FixedTimeTrigger(10.0, (1.0,)), client_patience=1)
+    assert part.on_time(5.0) == [] and part.on_time(10.0) == [0, 1] and ladder.levels == [1, 1]
+    assert set(part.state_dict()) == {"ladder", "trigger", "client_monitors"}
+    model = nn.Linear(2, 1, bias=False)
+    space = ParamSpace(model)
+    s = MaskedBufferedStrategy(space, T([0.0, 0.0]), get_buffers(model), FullModelPolicy(space),
+                               DensityLadder((0.5, 1.0), [0, 0]), RULES.get("ma"), make_staleness("constant"),
+                               "samples", False, trigger=FixedTimeTrigger(1.0, (1.0,)))
+    assert s.trigger is s.restoration.trigger and s.on_time(2.0) == [0, 1] and s.ladder.levels == [1, 1]

@@ -20,12 +20,13 @@ from fedgmr.algorithm.coverage import CoverageWindow, aggregation_coverage
 from fedgmr.algorithm.maskinfo import frozen, mask_count, memo
 from fedgmr.algorithm.params import ParamSpace, all_finite
 from fedgmr.algorithm.policies import SubmodelPolicy
-from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, NoTrigger, RestorationTrigger
+from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, RestorationTrigger
 from fedgmr.algorithm.staleness import StalenessFn
 from fedgmr.errors import InvalidUpdateError
 from fedgmr.strategy.influence import NORM_MIN_HISTORY, NORM_WINDOW, BoundStats, InfluenceBounds  # noqa: F401
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
 from fedgmr.strategy.plugins import ServerPlugin, implements, plugin_conflict
+from fedgmr.strategy.restoration import Restoration
 from fedgmr.training.extras import ExtrasSchema, ExtraSpec, merge_schemas, validate_extras
 
 log = logging.getLogger(__name__)
@@ -147,11 +148,8 @@ class MaskedBufferedStrategy:
         self.bn_stats = bn_stats
         self.max_staleness = max_staleness
         self.fedasync_alpha = fedasync_alpha
-        self.trigger = trigger or NoTrigger()
-        self.client_monitors = (
-            [EarlyStopping(client_patience, client_min_delta, client_patience) for _ in ladder.levels]
-            if client_patience else None
-        )
+        #: Gradual Model Restoration: when clients move up the ladder
+        self.restoration = Restoration(ladder, trigger, client_patience, client_min_delta)
         self.version = 0
         self._outstanding: dict[int, Assignment] = {}
         self._buffer: dict[int, _Entry] = {}
@@ -548,30 +546,27 @@ class MaskedBufferedStrategy:
         return out
 
     # ------------------------------------------------------------------ restoration
+    @property
+    def trigger(self) -> RestorationTrigger:
+        """When restoration fires (:attr:`restoration`'s trigger)."""
+        return self.restoration.trigger
+
+    @property
+    def client_monitors(self) -> list[EarlyStopping] | None:
+        """The per-client monitors (None: off)."""
+        return self.restoration.client_monitors
+
     def on_validation(self, score: float) -> list[int]:
         """Feed the global model's validation score; returns clients restored."""
-        if self.trigger.on_validation(self.version, score):
-            moved = self.ladder.restore()
-            if moved:
-                log.info("GMR restoration at step %d: clients %s -> densities %s",
-                         self.version, moved, [self.ladder.density(c) for c in moved])
-            return moved
-        return []
+        return self.restoration.on_validation(self.version, score)
 
     def on_time(self, now: float) -> list[int]:
         """Fixed-time restorations that are due at virtual time ``now``."""
-        moved: list[int] = []
-        for _ in range(self.trigger.on_time(now)):
-            moved += self.ladder.restore()
-        return sorted(set(moved))
+        return self.restoration.on_time(now)
 
     def on_client_validation(self, client_id: int, score: float) -> bool:
         """Per-client monitor: step one client up when its local score plateaus."""
-        if self.client_monitors is None:
-            return False
-        if self.client_monitors[client_id].update(score):
-            return self.ladder.step_up(client_id)
-        return False
+        return self.restoration.on_client_validation(client_id, score)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -614,9 +609,7 @@ class MaskedBufferedStrategy:
             "version": self.version, "rejected": self.rejected, "arrivals": list(self._arrivals),
             "entries": entries, "outstanding": outstanding, "held": held, "last_used": last_used,
             "last_used_densities": list(self._last_used_densities),
-            "ladder": self.ladder.state_dict(),
-            "trigger": self.trigger.state_dict(), "policy": pol_state, "coverage_window": window_state,
-            "client_monitors": [m.state_dict() for m in self.client_monitors] if self.client_monitors else None,
+            **self.restoration.state_dict(), "policy": pol_state, "coverage_window": window_state,
             "bounds": bounds,
         }
         for p in self.plugins:
@@ -632,15 +625,11 @@ class MaskedBufferedStrategy:
         self.version = int(state["version"])
         self.rejected = int(state["rejected"])
         self._arrivals = [int(c) for c in state["arrivals"]]
-        self.ladder.load_state_dict(state["ladder"])
-        self.trigger.load_state_dict(state["trigger"])
+        self.restoration.load_state_dict(state)
         self.policy.load_state_dict(state["policy"], {k[7:]: v for k, v in tensors.items() if k.startswith("policy/")})
         if self.coverage_window is not None and state.get("coverage_window") is not None:
             self.coverage_window.load_state_dict(state["coverage_window"], {
                 k[len("coverage_window/"):]: v for k, v in tensors.items() if k.startswith("coverage_window/")})
-        if self.client_monitors is not None and state["client_monitors"]:
-            for m, s in zip(self.client_monitors, state["client_monitors"]):
-                m.load_state_dict(s)
         # share mask objects again: the policy's level masks when equal, else one copy each
         level_masks = [self.policy.mask(l) for l in range(len(self.ladder.ladder))]
         masks: dict[int, torch.Tensor] = {}
