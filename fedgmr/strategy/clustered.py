@@ -32,7 +32,6 @@ import torch
 from fedgmr.algorithm.aggregation import dense
 from fedgmr.algorithm.clustering import (cfl_should_split, cluster_purity, common_coordinates, cosine_similarities,
                                          lowest_loss, same_partition, split_clients, update_norms)
-from fedgmr.errors import InvalidUpdateError
 from fedgmr.registry import Registry
 from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
