@@ -28,16 +28,19 @@ demo: $(STAMP)
 
 ## make test: the whole test suite, the tests marked slow included: what CI runs (.ci/run)
 ## (integration tests on ../shared/data skip when it is absent)
+## --dist worksteal: a worker that runs out of tests takes half of the other's queue, so the
+## long end-to-end tests do not leave one core idle at the end (xdist's default hands out
+## fixed chunks in collection order)
 test: $(FULL_STAMP)
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 --durations=10
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 --dist worksteal --durations=10
 
 ## make test-quick: the inner development loop: every test but those marked slow (-m "not slow")
 test-quick: $(FULL_STAMP)
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 -m "not slow"
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 ## make test-fast: without the Ray and Flower extras: the suite less tests/distributed
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --ignore=tests/distributed
+	$(PY) -m pytest -q -n 2 --dist worksteal --ignore=tests/distributed
 
 ## make repro-env: the pinned numeric stack of the measured tables (constraints/repro.txt) in .venv-repro;
 ## reproduce a cell there with the kernel limits of constraints/repro.env (docs/protocol.md)
