@@ -23,6 +23,27 @@ def test_digits_loads_offline_with_a_stratified_test_split():
     assert float(d.train.x.max()) <= 1.0
 
 
+
+def test_digits_are_scikit_learns_digits_read_without_importing_it():
+    """The embedded digits are exactly ``sklearn.datasets.load_digits()``'s images and
+    targets, read from its file in a fresh process that never imports scikit-learn."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from fedgmr.data.digits import _digits_arrays
+
+    images, target = _digits_arrays()
+    want = load_digits()
+    assert images.dtype == want.images.dtype and target.dtype == want.target.dtype
+    assert np.array_equal(images, want.images) and np.array_equal(target, want.target)
+    code = ("import sys; from fedgmr.data import load_dataset; load_dataset('digits'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
 def _write_idx(path: Path, array: np.ndarray, gz: bool = True) -> None:
     code = {np.uint8: 0x08}[array.dtype.type]
     header = bytes([0, 0, code, array.ndim]) + b"".join(struct.pack(">I", s) for s in array.shape)
