@@ -106,7 +106,7 @@ def test_offline_preset_runs_end_to_end(name: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     # the preset's relative data.root resolves from the repository root, as documented;
     # a tight plateau detector makes restoration fire within the short run
-    args = ["run", name, "--out", str(out), "-q", "--set", "run.max_time=120", "--set", "run.eval_interval=5",
+    args = ["run", name, "--out", str(out), "-q", "--set", "run.max_time=120", "--set", "run.eval_interval=20",
             "--set", "restoration.check_interval=2", "--set", "restoration.patience=1",
             "--set", "restoration.min_delta=0.5"]
     proc = fedgmr_in_process(*args, cwd=REPO)  # in this process: the run, without a PyTorch start-up
