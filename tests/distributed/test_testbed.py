@@ -340,6 +340,13 @@ def test_flower_run_across_the_testbed_and_its_teardown(tmp_path):
     assert (out / "sim-latency" / "metrics.jsonl").exists() and "network.message_latency =" in res.stdout
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default. A suite started in the background
+    (`pytest ... &` from a script) ignores SIGINT, its children inherit that, and the
+    testbed would never see the Ctrl-C this test sends (tests/test_run_dir.py does the same)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @needs_netns
 @pytest.mark.slow
 def test_ctrl_c_tears_the_testbed_down(tmp_path):
@@ -349,7 +356,7 @@ def test_ctrl_c_tears_the_testbed_down(tmp_path):
     log = open(tmp_path / "testbed.log", "w")
     p = subprocess.Popen([str(BIN / "fedgmr"), "flower", "testbed", str(_config(tmp_path, steps=500)), "--out",
                           str(out), "--duration", "600", "--no-predict"], stdout=log, stderr=subprocess.STDOUT,
-                         env=_env(), start_new_session=True)
+                         env=_env(), start_new_session=True, preexec_fn=_sigint_default)
     try:
         text = lambda: (tmp_path / "testbed.log").read_text()  # noqa: E731
         _wait_for("the testbed's start", lambda: "started the SuperLink" in text() or p.poll() is not None, 300)
