@@ -22,7 +22,7 @@ from fedgmr.experiment.build import build_experiment
 from fedgmr.experiment.runner import run_experiment
 from fedgmr.methods import resolve_config
 from fedgmr.strategy.distill import FedDFDistillation, FedMDConsensus, ServerDistiller
-from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.update import Update
 
 PROXY = {"proxy": {"name": "digits", "size": 120}, "steps": 4, "batch_size": 32}
 
@@ -104,7 +104,7 @@ def test_each_teacher_is_evaluated_under_its_own_mask():
         gen = torch.Generator().manual_seed(0)
         mask = frozen(torch.rand(n, generator=gen) < 0.5)
         values = torch.randn(int(mask.sum()), generator=gen)
-        e = _Entry(3, 0, mask, values, 10, {}, 10, 0.5)
+        e = Update(3, 0, mask, values, 10, {}, 10, 0.5)
         full = torch.zeros(n)
         full[mask] = values
         w, b = full[:n - 10].view(10, -1), full[n - 10:]

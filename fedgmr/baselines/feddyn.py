@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.errors import ConfigError
-from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.update import Update
 from fedgmr.strategy.messages import StepReport
 from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.strategy.server_halves import SERVER_HALVES
@@ -120,7 +120,7 @@ class FedDynState(ServerPlugin):
         self.h = torch.zeros_like(strategy.params)
 
     def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         s = self.strategy
         self._h_next = feddyn_server_state(self.h, s.params, [s.full_values(e) for e in used], self.alpha,
                                            s.num_clients)

@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.errors import ConfigError, InvalidUpdateError
-from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.update import Update
 from fedgmr.strategy.messages import Assignment, StepReport
 from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.strategy.server_halves import SERVER_HALVES
@@ -100,11 +100,11 @@ class FedNovaStep(ServerPlugin):
         if not math.isfinite(value) or value != int(value) or not 1 <= value <= self.max_tau:
             raise InvalidUpdateError(f"tau must be a whole number of local steps in [1, {self.max_tau}], got {value}")
 
-    def on_accept(self, update: _Entry) -> None:
+    def on_accept(self, update: Update) -> None:
         self._taus[update.client_id] = float(update.extras["tau"].reshape(()))
 
     def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         s = self.strategy
         new = fednova_server_model(s.params, [s.full_values(e) for e in used],
                                    [self._taus[e.client_id] for e in used], [float(e.num_samples) for e in used])

@@ -33,7 +33,8 @@ from fedgmr.algorithm.aggregation import dense
 from fedgmr.algorithm.clustering import (cfl_should_split, cluster_purity, common_coordinates, cosine_similarities,
                                          lowest_loss, same_partition, split_clients, update_norms)
 from fedgmr.registry import Registry
-from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy, _Entry
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+from fedgmr.strategy.update import Update
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
 from fedgmr.training.model_choice import MODEL_LOSSES
 
@@ -123,11 +124,11 @@ class ClusteredStrategy(MaskedBufferedStrategy):
         return rec
 
     # ------------------------------------------------------------------ aggregation
-    def _entry_cluster(self, e: _Entry) -> int:
+    def _entry_cluster(self, e: Update) -> int:
         """The cluster an update belongs to."""
         raise NotImplementedError
 
-    def _groups(self, used: list[_Entry]) -> dict[int, list[int]]:
+    def _groups(self, used: list[Update]) -> dict[int, list[int]]:
         """Positions in ``used`` by cluster (CFL may split a cluster here)."""
         groups: dict[int, list[int]] = {}
         for i, e in enumerate(used):
@@ -135,17 +136,16 @@ class ClusteredStrategy(MaskedBufferedStrategy):
         return groups
 
     def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Aggregate each cluster's updates into its own model (the global result the base
         class computed is not used); returns the representative cluster's model."""
         weights = [self._beta(e, self.staleness(self.version - e.version)) for e in used]
         for j, idx in sorted(self._groups(used).items()):
             entries, ws = [used[i] for i in idx], [weights[i] for i in idx]
             base_p, base_b = self.models[j], self.model_buffers[j]
-            new_p = self._server_step(base_p, self.rule(base_p, [(e.mask, e.values) for e in entries], ws))
-            new_b = self._fold_buffers(entries, ws, base_b)
-            if self._finite(new_p, new_b):
-                self.models[j], self.model_buffers[j] = new_p, new_b
+            new = self.aggregate_model(base_p, base_b, entries, ws)
+            if new is not None:
+                self.models[j], self.model_buffers[j] = new
             else:
                 log.error("aggregation of cluster %d at step %d gave non-finite weights; its model is kept", j,
                           self.version)
@@ -215,7 +215,7 @@ class IfcaStrategy(ClusteredStrategy):
             self._chosen[reply.client_id] = lowest_loss(self._incoming[reply.client_id].extras["model_losses"].tolist())
         return accepted
 
-    def _entry_cluster(self, e: _Entry) -> int:
+    def _entry_cluster(self, e: Update) -> int:
         return self._chosen[e.client_id]
 
     def _cluster_state(self) -> dict[str, Any]:
@@ -255,10 +255,10 @@ class CflStrategy(ClusteredStrategy):
         cluster_model = (self.models[j], self.model_buffers[j])
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=(cluster_model,)))
 
-    def _entry_cluster(self, e: _Entry) -> int:
+    def _entry_cluster(self, e: Update) -> int:
         return self._dispatched[e.client_id]
 
-    def _updates(self, j: int, entries: list[_Entry]) -> torch.Tensor:
+    def _updates(self, j: int, entries: list[Update]) -> torch.Tensor:
         """The entries' updates from cluster ``j``'s model, on the coordinates all of them
         hold (n x |common|)."""
         common = common_coordinates([e.mask for e in entries])
@@ -269,7 +269,7 @@ class CflStrategy(ClusteredStrategy):
             rows.append(v if self.rule.consumes == "delta" else v - base)
         return torch.stack(rows)
 
-    def _groups(self, used: list[_Entry]) -> dict[int, list[int]]:
+    def _groups(self, used: list[Update]) -> dict[int, list[int]]:
         groups = super()._groups(used)
         round_index = self.version + 1
         for j in sorted(list(groups)):

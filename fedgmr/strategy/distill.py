@@ -30,7 +30,7 @@ from fedgmr.algorithm.maskinfo import frozen, mask_indices
 from fedgmr.algorithm.params import ParamSpace, set_buffers
 from fedgmr.device import module_device
 from fedgmr.errors import ConfigError
-from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.update import Update
 from fedgmr.strategy.messages import Assignment, StepReport, Wire
 from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.training.fedmd import FedMDClient
@@ -137,7 +137,7 @@ class FedDFDistillation(ServerPlugin):
         self.distiller = distiller
         self.every = int(every)
         self.seconds_per_step = float(seconds_per_step)
-        self._teachers: dict[int, tuple[_Entry, torch.Tensor]] = {}  # a cache: logits per buffered update
+        self._teachers: dict[int, tuple[Update, torch.Tensor]] = {}  # a cache: logits per buffered update
         self._seconds = 0.0
         self.distill_steps = 0  # steps taken so far (not in checkpoints: informative only)
         #: distillations so far, how many kept a student over the aggregate (validation
@@ -146,7 +146,7 @@ class FedDFDistillation(ServerPlugin):
         self.students_kept = 0
         self.last_val_gain: float | None = None
 
-    def teacher(self, e: _Entry) -> torch.Tensor:
+    def teacher(self, e: Update) -> torch.Tensor:
         """The logits on the proxy set of update ``e``'s model under its own mask
         (cached while the update is the client's latest)."""
         hit = self._teachers.get(e.client_id)
@@ -159,7 +159,7 @@ class FedDFDistillation(ServerPlugin):
         return z
 
     def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self._seconds = 0.0
         version = self.strategy.version
         if not used or version % self.every:
@@ -225,7 +225,7 @@ class FedMDConsensus(ServerPlugin):
         return dataclasses.replace(a, mask_changed=False, wire=Wire(models=(), plain=plain, reply_coords=self._nothing,
                                                                     reply_plain=self.num_values))
 
-    def on_accept(self, update: _Entry) -> None:
+    def on_accept(self, update: Update) -> None:
         self._logits[update.client_id] = update.extras["logits"]
 
     def after_aggregate(self, report: StepReport) -> StepReport:

@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from fedgmr.algorithm.maskinfo import frozen, memo
-from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.update import Update
 from fedgmr.strategy.messages import Assignment
 from fedgmr.strategy.plugins import ServerPlugin
 
@@ -31,7 +31,7 @@ class LocalOnly(ServerPlugin):
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, models=(), reply_coords=nothing))
 
     def fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-             used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.strategy.params, self.strategy.buffers
 
 

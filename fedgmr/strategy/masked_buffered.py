@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -27,24 +26,10 @@ from fedgmr.strategy.influence import NORM_MIN_HISTORY, NORM_WINDOW, BoundStats,
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
 from fedgmr.strategy.plugins import ServerPlugin, implements, plugin_conflict
 from fedgmr.strategy.restoration import Restoration
+from fedgmr.strategy.update import Update
 from fedgmr.training.extras import ExtrasSchema, ExtraSpec, merge_schemas, validate_extras
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Entry:
-    client_id: int
-    version: int
-    mask: torch.Tensor
-    values: torch.Tensor
-    num_samples: int
-    buffers: dict[str, torch.Tensor]
-    num_processed: int
-    density: float  # the client's ladder density when it was dispatched
-    #: the reply's declared extras, as checked (not in checkpoints: a part that needs
-    #: them after the step they arrived in keeps its own copy)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 #: how buffered BatchNorm statistics from sub-models fold into the global ones
@@ -152,9 +137,9 @@ class MaskedBufferedStrategy:
         self.restoration = Restoration(ladder, trigger, client_patience, client_min_delta)
         self.version = 0
         self._outstanding: dict[int, Assignment] = {}
-        self._buffer: dict[int, _Entry] = {}
+        self._buffer: dict[int, Update] = {}
         self._arrivals: list[int] = []
-        self._pending: dict[int, _Entry] = {}
+        self._pending: dict[int, Update] = {}
         self._last_used_masks: list[torch.Tensor] = []
         self._last_used_densities: list[float] = []  # the ladder density each was dispatched at
         self._held: dict[int, torch.Tensor] = {}  # the mask each client last received
@@ -223,7 +208,7 @@ class MaskedBufferedStrategy:
         return [self._held.get(c, self.policy.mask(self.ladder.levels[c])) for c in range(self.num_clients)]
 
     @property
-    def incoming(self) -> dict[int, _Entry]:
+    def incoming(self) -> dict[int, Update]:
         """The accepted updates waiting for the next step, by client (a copy): the buffer,
         or without one the arrivals of this step."""
         return dict(self._incoming)
@@ -257,7 +242,7 @@ class MaskedBufferedStrategy:
         return self.ladder.densities()
 
     # ------------------------------------------------------------------ replies
-    def full_values(self, e: "_Entry") -> torch.Tensor:
+    def full_values(self, e: Update) -> torch.Tensor:
         """Client ``e``'s trained model as a full vector: its values on its mask, the
         global model it was sent elsewhere."""
         if e.values.numel() == self.params.numel():
@@ -267,7 +252,7 @@ class MaskedBufferedStrategy:
         return out
 
     @property
-    def _incoming(self) -> dict[int, "_Entry"]:
+    def _incoming(self) -> dict[int, Update]:
         """Where an accepted reply waits for the next step: the buffer (kept across steps)
         or, without one, the arrivals of this step only."""
         return self._buffer if self.use_buffer else self._pending
@@ -302,7 +287,7 @@ class MaskedBufferedStrategy:
             p.on_accept(entry)
         return True
 
-    def _validate(self, reply: Reply) -> _Entry:
+    def _validate(self, reply: Reply) -> Update:
         if isinstance(reply.client_id, bool) or not isinstance(reply.client_id, int) \
                 or not 0 <= reply.client_id < self.num_clients:  # True is not client 1
             raise InvalidUpdateError(f"unknown client id {reply.client_id!r}")
@@ -372,7 +357,7 @@ class MaskedBufferedStrategy:
         processed = reply.num_processed if reply.num_processed is not None else reply.num_samples
         b = self.influence.bound(reply.client_id, a.consumes, mask, values, buffers, set(reply_bufs),
                                  reply.num_samples, processed, (self.params, self.buffers))
-        return _Entry(reply.client_id, reply.version, mask, b.values, b.num_samples, b.buffers, b.num_processed,
+        return Update(reply.client_id, reply.version, mask, b.values, b.num_samples, b.buffers, b.num_processed,
                       a.density, extras)
 
     def _check_extras(self, reply: Reply, a: Assignment) -> dict[str, torch.Tensor]:
@@ -399,7 +384,7 @@ class MaskedBufferedStrategy:
         """Clients whose update arrived since the last aggregation (in order)."""
         return list(self._arrivals)
 
-    def _beta(self, e: _Entry, s: float) -> float:
+    def _beta(self, e: Update, s: float) -> float:
         if self.rule.sequential:
             return self.fedasync_alpha * s
         if self.weighting == "samples":
@@ -421,7 +406,7 @@ class MaskedBufferedStrategy:
         if self.rule.sequential:
             entries = entries[:1]
         consumed = {e.client_id for e in entries} if self.rule.sequential else None
-        used: list[_Entry] = []
+        used: list[Update] = []
         taus: list[int] = []
         weights: list[float] = []
         for e in entries:
@@ -436,14 +421,9 @@ class MaskedBufferedStrategy:
             for cid in [c for c, e in self._buffer.items() if self.version - e.version > self.max_staleness]:
                 del self._buffer[cid]
         if used:
-            updates = [(e.mask, e.values) for e in used]
-            # rules return a new tensor: params are replaced, never mutated in place, so
-            # in-flight jobs may share the old vector without copying it
-            new_params = self._server_step(self.params, self.rule(self.params, updates, weights))
-            new_buffers = self._fold_buffers(used, weights) if self.bn_stats is None else self.buffers
-            new_params, new_buffers = self._fuse(new_params, new_buffers, used)
-            if self._finite(new_params, new_buffers):
-                self.params, self.buffers = new_params, new_buffers
+            new = self.aggregate_model(self.params, self.buffers, used, weights, fuse=True)
+            if new is not None:
+                self.params, self.buffers = new
             else:  # last resort (validated updates should never get here): keep the model
                 log.error("aggregation at step %d gave non-finite weights; the model is kept and the %d "
                           "updates used are dropped", self.version, len(used))
@@ -473,8 +453,24 @@ class MaskedBufferedStrategy:
             report = p.after_aggregate(report)
         return report
 
+    def aggregate_model(self, params: torch.Tensor, buffers: dict[str, torch.Tensor], used: list[Update],
+                        weights: list[float], fuse: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """One model's aggregation step: the rule applied to ``used`` (weights ``weights``)
+        from ``params``, the server step, the BatchNorm statistics folded from ``buffers``
+        (kept as they are when ``bn_stats`` re-estimates them) and, with ``fuse``, the
+        plug-ins' fusion. Returns the new (params, buffers), or None when they are not
+        finite. The global step applies it to the global model; a plug-in with models of
+        its own (cluster routing) to each of them."""
+        # rules return a new tensor: params are replaced, never mutated in place, so
+        # in-flight jobs may share the old vector without copying it
+        new_params = self._server_step(params, self.rule(params, [(e.mask, e.values) for e in used], weights))
+        new_buffers = self._fold_buffers(used, weights, buffers) if self.bn_stats is None else buffers
+        if fuse:
+            new_params, new_buffers = self._fuse(new_params, new_buffers, used)
+        return (new_params, new_buffers) if self._finite(new_params, new_buffers) else None
+
     def _fuse(self, params: torch.Tensor, buffers: dict[str, torch.Tensor],
-              used: list[_Entry]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              used: list[Update]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The aggregated model after server-side fusion (a plug-in may distil it from the
         updates used, e.g. FedDF); returns new tensors or the ones given."""
         for p in self.plugins:
@@ -493,7 +489,7 @@ class MaskedBufferedStrategy:
     def _finite(params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> bool:
         return all_finite(params) and all(all_finite(b) for b in buffers.values())
 
-    def _fold_buffers(self, used: list[_Entry], weights: list[float],
+    def _fold_buffers(self, used: list[Update], weights: list[float],
                       base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """BatchNorm statistics after an aggregation, by :attr:`bn_rule`, from ``base``
         (None: the global model's; a clustered method passes a cluster model's)."""
@@ -641,7 +637,7 @@ class MaskedBufferedStrategy:
         self._pending.clear()
         for item in state["entries"]:
             key = f"entry/{item['where']}/{item['client']}"
-            e = _Entry(int(item["client"]), int(item["version"]), masks[int(item["mask"])],
+            e = Update(int(item["client"]), int(item["version"]), masks[int(item["mask"])],
                        tensors[f"{key}/values"].clone(), int(item["num_samples"]),
                        {k: tensors[f"{key}/buf/{k}"].clone() for k in self.buffers},
                        int(item["num_processed"]), float(item["density"]))

@@ -34,12 +34,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from fedgmr.strategy.messages import Assignment, Reply, StepReport
+from fedgmr.strategy.update import Update
 from fedgmr.training.extras import ExtrasSchema
-
-#: an accepted update as the strategy keeps it (``masked_buffered._Entry``: client_id,
-#: version, mask, values, num_samples, buffers, num_processed, density, extras); typed
-#: loosely here because the strategy imports this module
-Update = Any
 
 #: hooks whose result replaces the server's own: at most one plug-in may implement each
 EXCLUSIVE_HOOKS: tuple[str, ...] = ("server_step", "fuse")

@@ -19,7 +19,7 @@ import torch
 
 from fedgmr.algorithm.aggregation import coverage_counts
 from fedgmr.algorithm.local_rules import scaffold_server_control
-from fedgmr.strategy.masked_buffered import _Entry
+from fedgmr.strategy.update import Update
 from fedgmr.strategy.messages import Assignment, StepReport
 from fedgmr.strategy.plugins import ServerPlugin
 from fedgmr.training.client_methods import ScaffoldClient
@@ -49,7 +49,7 @@ class ScaffoldControl(ServerPlugin):
     def wire(self, a: Assignment) -> Assignment:
         return dataclasses.replace(a, wire=dataclasses.replace(a.wire, beside={"c": self.c}, reply_beside=("delta_c",)))
 
-    def on_accept(self, update: _Entry) -> None:
+    def on_accept(self, update: Update) -> None:
         self._pending_dc[update.client_id] = (update.mask, update.extras["delta_c"])
 
     def server_step(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
