@@ -36,8 +36,10 @@ def test_clusters_and_purity_are_logged(method: str):
     assert 0 < last["cluster_purity"] <= 1 and isinstance(last["clusters_recovered"], bool)
     assert "personal_accuracy" in last
     # each client's own model is its cluster's
+    from fedgmr.strategy.clustered import ClusterRouting
+
     models = exp.strategy.client_models(exp.simulator.published_version)
-    view = exp.strategy.view(exp.simulator.published_version)
+    view = exp.strategy.plugin(ClusterRouting).view(exp.simulator.published_version)
     assert all(p is view.models[c] for (p, _), c in zip(models, view.clusters))
     if method == "cfl":
         assert last["cfl_splits"] >= 1 and last["cluster_models"] >= 2
@@ -56,8 +58,10 @@ def test_ifca_downloads_k_models():
 
 
 def test_ifca_clients_pick_distinct_initial_models():
+    from fedgmr.strategy.clustered import ClusterRouting
+
     _, exp = simulate(_raw("ifca", run={"max_steps": 1}))
-    s = exp.strategy
+    s = exp.strategy.plugin(ClusterRouting)
     assert len(s.models) == 2 and not torch.equal(s.models[0], s.models[1])
 
 
@@ -81,8 +85,12 @@ def test_process_pool_matches_serial(method: str, extra: dict):
     serial, exp_s = simulate(_raw(method, **extra))
     pool, exp_p = simulate(_raw(method, run={"executor": "process", "workers": 2}, **extra))
     assert serial == pool
-    assert all(torch.equal(a, b) for a, b in zip(exp_s.strategy.models if hasattr(exp_s.strategy, "models") else [],
-                                                   getattr(exp_p.strategy, "models", [])))
+    from fedgmr.strategy.clustered import ClusterRouting
+
+    def models(exp) -> list:
+        return exp.strategy.plugin(ClusterRouting).models if method != "fedavg" else []
+
+    assert all(torch.equal(a, b) for a, b in zip(models(exp_s), models(exp_p)))
 
 
 def test_ray_matches_serial(ray_session):  # the test process's one Ray instance (conftest)

@@ -26,13 +26,16 @@ def _strategy(kind: str, n: int, models: list[torch.Tensor], **kw):
     from fedgmr.algorithm.policies import FullModelPolicy
     from fedgmr.algorithm.restoration import DensityLadder
     from fedgmr.algorithm.staleness import make_staleness
-    from fedgmr.strategy.clustered import CflStrategy, IfcaStrategy
+    from fedgmr.strategy.clustered import CflRouting, IfcaRouting
+    from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 
     space = ParamSpace(torch.nn.Linear(1, 1))  # 2 coordinates: weight, bias
-    cls = IfcaStrategy if kind == "ifca" else CflStrategy
+    cls = IfcaRouting if kind == "ifca" else CflRouting
     extra = {"cluster_models": models[1:]} if kind == "ifca" else {}
-    return cls(space, models[0], {}, FullModelPolicy(space), DensityLadder((1.0,), [0] * n), RULES.get("ma"),
-               make_staleness("constant"), "samples", False, **extra, **kw)
+    s = MaskedBufferedStrategy(space, models[0], {}, FullModelPolicy(space), DensityLadder((1.0,), [0] * n),
+                               RULES.get("ma"), make_staleness("constant"), "samples", False,
+                               plugins=(cls(**extra, **kw),))
+    return s, s.plugins[0]
 
 
 def _reply(s, c: int, values: list[float], n: int, losses: list[float] | None = None):
@@ -46,26 +49,26 @@ def test_ifca_hand_computed_round():
     """Two cluster models W0 = (0, 0), W1 = (10, 10); clients 0, 1 pick W0, client 2 picks
     W1 by its losses; the sample-weighted average is taken within each cluster:
     W0' = (1*1 + 3*3) / 4 = 2.5 and (2*1 + 4*3) / 4 = 3.5; W1' = client 2's (12, 14)."""
-    s = _strategy("ifca", 3, [torch.zeros(2), torch.full((2,), 10.0)], true_groups=[0, 0, 1])
+    s, r = _strategy("ifca", 3, [torch.zeros(2), torch.full((2,), 10.0)], true_groups=[0, 0, 1])
     for c in range(3):
         a = s.assign(c)
-        assert [p for p, _ in a.wire.models] == [s.models[0], s.models[1]]  # every cluster model travels
+        assert [p for p, _ in a.wire.models] == [r.models[0], r.models[1]]  # every cluster model travels
         assert a.wire.reply_plain == 2  # and a loss per model comes back
     assert s.receive(_reply(s, 0, [1.0, 2.0], 1, [0.1, 0.7]))
     assert s.receive(_reply(s, 1, [3.0, 4.0], 3, [0.2, 0.3]))
     assert s.receive(_reply(s, 2, [12.0, 14.0], 5, [0.9, 0.4]))
     s.aggregate()
-    assert torch.equal(s.models[0], torch.tensor([2.5, 3.5]))
-    assert torch.equal(s.models[1], torch.tensor([12.0, 14.0]))
-    assert s.clusters == [0, 0, 1]
-    assert torch.equal(s.params, s.models[0])  # the representative: the cluster with most clients
-    rec = s.record_keys(s.version)
+    assert torch.equal(r.models[0], torch.tensor([2.5, 3.5]))
+    assert torch.equal(r.models[1], torch.tensor([12.0, 14.0]))
+    assert r.clusters == [0, 0, 1]
+    assert torch.equal(s.params, r.models[0])  # the representative: the cluster with most clients
+    rec = s.record_keys(s.version)  # the strategy asks its plug-ins
     assert rec["clusters"] == [0, 0, 1] and rec["cluster_purity"] == 1.0 and rec["clusters_recovered"] is True
-    assert [p for p, _ in s.client_models(s.version)] == [s.models[0], s.models[0], s.models[1]]
+    assert [p for p, _ in s.client_models(s.version)] == [r.models[0], r.models[0], r.models[1]]
 
 
 def test_ifca_refuses_a_reply_without_losses():
-    s = _strategy("ifca", 2, [torch.zeros(2), torch.ones(2)])
+    s, r = _strategy("ifca", 2, [torch.zeros(2), torch.ones(2)])
     s.assign(0)
     assert not s.receive(_reply(s, 0, [1.0, 2.0], 1))
     assert not s.receive(_reply(s, 0, [1.0, 2.0], 1, [0.1, 0.2, 0.3]))  # k = 2 losses needed
@@ -114,28 +117,28 @@ def test_split_maps_positions_to_client_ids():
 def test_cfl_strategy_splits_by_client_id():
     """Clients 0..3 in one cluster, updates +-x: round 1 (warm-up 0) splits {0, 2} from
     {1, 3}; each half is averaged from the parent model into its own cluster model."""
-    s = _strategy("cfl", 4, [torch.zeros(2)], eps1=0.5, eps2=0.5, min_size=2, warmup=0, true_groups=[0, 1, 0, 1])
+    s, r = _strategy("cfl", 4, [torch.zeros(2)], eps1=0.5, eps2=0.5, min_size=2, warmup=0, true_groups=[0, 1, 0, 1])
     for c in range(4):
-        assert [p for p, _ in s.assign(c).wire.models] == [s.models[0]]
+        assert [p for p, _ in s.assign(c).wire.models] == [r.models[0]]
     ups = {0: [1.0, 0.0], 1: [-1.0, 0.0], 2: [1.0, 0.2], 3: [-1.0, 0.2]}
     for c, v in ups.items():
         assert s.receive(_reply(s, c, v, 1))
     s.aggregate()
-    assert s.clusters == [0, 1, 0, 1] and len(s.models) == 2
-    assert torch.allclose(s.models[0], torch.tensor([1.0, 0.1])) and torch.allclose(s.models[1], torch.tensor([-1.0, 0.1]))
-    assert s.splits[0]["into"] == [[0, 2], [1, 3]]
+    assert r.clusters == [0, 1, 0, 1] and len(r.models) == 2
+    assert torch.allclose(r.models[0], torch.tensor([1.0, 0.1])) and torch.allclose(r.models[1], torch.tensor([-1.0, 0.1]))
+    assert r.splits[0]["into"] == [[0, 2], [1, 3]]
     assert s.record_keys(s.version)["clusters_recovered"] is True
     # the next round: each client gets its own cluster's model
-    assert [p for p, _ in s.assign(1).wire.models] == [s.models[1]]
+    assert [p for p, _ in s.assign(1).wire.models] == [r.models[1]]
 
 
 def test_cfl_strategy_does_not_split_when_the_mean_update_is_large():
-    s = _strategy("cfl", 3, [torch.zeros(2)], warmup=0)
+    s, r = _strategy("cfl", 3, [torch.zeros(2)], warmup=0)
     for c in range(3):
         s.assign(c)
         s.receive(_reply(s, c, [2.0, 0.0], 1))  # agreeing updates: mean norm 2 > eps1 = 0.4
     s.aggregate()
-    assert s.clusters == [0, 0, 0] and len(s.models) == 1 and s.norms[0] == (2.0, 2.0)
+    assert r.clusters == [0, 0, 0] and len(r.models) == 1 and r.norms[0] == (2.0, 2.0)
 
 
 def test_updates_compared_on_common_coordinates():

@@ -348,7 +348,7 @@ def _server_parts(cfg: ExperimentConfig, data: FederatedData, partition: Partiti
         cfg, data, factory, space, device, lambda: client_splits(cfg, data, partition).server_val, baseline)
     parts.append(ServerPart("distill.server (FedDF)" if cfg.distill.server else f"local.algorithm {cfg.local.algorithm!r}",
                             distill_cls, distill_kwargs))
-    if cfg.clustering.kind != "none":  # clustered FL (IFCA, CFL): one model per cluster on FedGMR's server
+    if cfg.clustering.kind != "none":  # clustered FL (IFCA, CFL): a plug-in keeping one model per cluster
         from fedgmr.strategy.clustered import clustering_half
 
         own = [p for p in parts if p.brings_class]
@@ -359,8 +359,8 @@ def _server_parts(cfg: ExperimentConfig, data: FederatedData, partition: Partiti
                     else plugins[0].name)
             raise ConfigError(f"clustering.kind {cfg.clustering.kind!r} needs FedGMR's own server; {what} brings "
                               f"its own")
-        cluster_cls, cluster_kwargs = clustering_half(cfg, factory, streams.init, device)
-        parts.append(ServerPart(f"clustering.kind {cfg.clustering.kind!r}", cluster_cls, cluster_kwargs))
+        parts.append(ServerPart(f"clustering.kind {cfg.clustering.kind!r}", None,
+                                clustering_half(cfg, factory, streams.init, device)))
     agg = cfg.aggregation
     if agg.bn_stats == "server" and not any("bn_stats" in p.kwargs for p in parts) and get_buffers(model):
         if len(partition.server_val) == 0:
@@ -450,8 +450,8 @@ def _evaluation(cfg: ExperimentConfig, data: FederatedData, partition: Partition
         if method is None or not sims:
             return [(flat, bufs)] * n
         held = sims[0].client_states
-        own = getattr(strategy, "client_models", None)  # a clustered server: each client's cluster model
-        models = own(sims[0].published_version) if own is not None else [(flat, bufs)] * n
+        own = strategy.client_models(sims[0].published_version)  # clustering: each client's cluster model
+        models = own if own is not None else [(flat, bufs)] * n
         return [method.personal_model(eval_model, space, p, b, held.get(c, {})) for c, (p, b) in enumerate(models)]
 
     def class_report_of(flat: torch.Tensor, bufs: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -187,6 +187,8 @@ class MaskedBufferedStrategy:
         self._outstanding[client_id] = a
         self._held[client_id] = mask
         self.influence.dispatched(client_id, (self.params, self.buffers))
+        for p in self.plugins:
+            p.on_assign(a)
         return a
 
     def _assignment(self, client_id: int, version: int, level: int, density: float, mask: torch.Tensor,
@@ -421,7 +423,9 @@ class MaskedBufferedStrategy:
             for cid in [c for c, e in self._buffer.items() if self.version - e.version > self.max_staleness]:
                 del self._buffer[cid]
         if used:
-            new = self.aggregate_model(self.params, self.buffers, used, weights, fuse=True)
+            stepper = next((p for p in self.plugins if implements(p, "step_models")), None)
+            new = self.aggregate_model(self.params, self.buffers, used, weights, fuse=True) if stepper is None \
+                else stepper.step_models(used, weights)  # models of its own (cluster routing)
             if new is not None:
                 self.params, self.buffers = new
             else:  # last resort (validated updates should never get here): keep the model
@@ -510,6 +514,15 @@ class MaskedBufferedStrategy:
             return average_buffers([e.buffers for e in used], [w * e.density for e, w in zip(used, weights)],
                                    base)
         return average_buffers([e.buffers for e in used], weights, base)
+
+    def client_models(self, version: int | None = None) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]] | None:
+        """Each client's own model at model ``version`` as a plug-in keeps them (cluster
+        routing: its cluster's); None: every client's is the global one."""
+        for p in self.plugins:
+            own = p.client_models(self.version if version is None else version)
+            if own is not None:
+                return own
+        return None
 
     def record_keys(self, version: int) -> dict[str, Any]:
         """Extra keys for the metrics record of model ``version`` (a clustered method's
