@@ -67,6 +67,74 @@ def test_ifca_hand_computed_round():
     assert [p for p, _ in s.client_models(s.version)] == [r.models[0], r.models[0], r.models[1]]
 
 
+def test_cluster_routing_composed_as_a_part_gives_the_per_cluster_result():
+    """Clustering as the builder composes it: a part bringing a plug-in, no class of its own.
+    IFCA, W0 = (0, 0), W1 = (10, 10); client 0 picks W0, clients 1 and 2 pick W1: W0' =
+    client 0's (2, 4), W1' = (3 * (6, 8) + 1 * (12, 10)) / 4 = (7.5, 8.5), each what the
+    strategy's own one-model step gives from that cluster's model; the global model is the
+    larger cluster's. A checkpoint keeps the clustered strategy's keys and loads back."""
+    from fedgmr.algorithm.aggregation import RULES
+    from fedgmr.algorithm.params import ParamSpace
+    from fedgmr.algorithm.policies import FullModelPolicy
+    from fedgmr.algorithm.restoration import DensityLadder
+    from fedgmr.algorithm.staleness import make_staleness
+    from fedgmr.strategy.clustered import ClusterRouting, IfcaRouting
+    from fedgmr.strategy.compose import ServerPart, compose_strategy
+    from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
+
+    space = ParamSpace(torch.nn.Linear(1, 1))
+
+    def build():
+        part = ServerPart("clustering.kind 'ifca'", None,
+                          {"plugins": (IfcaRouting(cluster_models=[torch.full((2,), 10.0)]),)})
+        cls, kw = compose_strategy([ServerPart("local.algorithm 'sgd'"), part])
+        assert cls is MaskedBufferedStrategy
+        return cls(space, torch.zeros(2), {}, FullModelPolicy(space), DensityLadder((1.0,), [0] * 3),
+                   RULES.get("ma"), make_staleness("constant"), "samples", False, **kw)
+
+    s = build()
+    r = s.plugin(ClusterRouting)
+    before = list(r.models)
+    for c in range(3):
+        s.assign(c)
+    assert s.receive(_reply(s, 0, [2.0, 4.0], 1, [0.1, 0.5]))
+    assert s.receive(_reply(s, 1, [6.0, 8.0], 3, [0.2, 0.1]))
+    assert s.receive(_reply(s, 2, [12.0, 10.0], 1, [0.9, 0.1]))
+    used = s.incoming
+    report = s.aggregate()
+    assert report.used == [0, 1, 2]
+    assert torch.equal(r.models[0], torch.tensor([2.0, 4.0]))
+    assert torch.equal(r.models[1], torch.tensor([7.5, 8.5]))
+    for j, members in ((0, [0]), (1, [1, 2])):  # the public one-model step, from the cluster's own model
+        ups = [used[c] for c in members]
+        p, _ = s.aggregate_model(before[j], {}, ups, [float(u.num_samples) for u in ups])
+        assert torch.equal(p, r.models[j])
+    assert r.clusters == [0, 1, 1] and s.params is r.models[1]
+    state, tensors = s.state_dict()
+    assert {"cluster/0/params", "cluster/1/params"} <= set(tensors)
+    assert state["clustering"] == {"models": 2, "clusters": [0, 1, 1], "chosen": {"0": 0, "1": 1, "2": 1}}
+    t = build()
+    t.load_state_dict(state, tensors)
+    rt = t.plugin(ClusterRouting)
+    assert rt.clusters == [0, 1, 1] and all(torch.equal(a, b) for a, b in zip(rt.models, r.models))
+    assert torch.equal(t.params, s.params) and t.record_keys(t.version) == s.record_keys(s.version)
+
+
+def test_cluster_routing_refuses_a_fusing_plugin_beside_it():
+    from fedgmr.strategy.clustered import CflRouting
+    from fedgmr.strategy.plugins import ServerPlugin, plugin_conflict
+
+    class Fusing(ServerPlugin):
+        name = "a fusion"
+
+        def fuse(self, params, buffers, used):
+            return params, buffers
+
+    assert plugin_conflict([CflRouting(), Fusing()]) == (
+        "CFL's cluster routing steps models of its own and a fusion fuses the global one: they cannot be combined")
+    assert "both replace the server's step models" in plugin_conflict([CflRouting(), CflRouting()])
+
+
 def test_ifca_refuses_a_reply_without_losses():
     s, r = _strategy("ifca", 2, [torch.zeros(2), torch.ones(2)])
     s.assign(0)

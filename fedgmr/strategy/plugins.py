@@ -2,7 +2,7 @@
 
 A method whose server does more than FedGMR's (SCAFFOLD's control variate, FedNova's
 normalised step, FedDyn's state ``h``, FedDF's distillation, FedMD's consensus,
-HeteroFL's label split) brings a :class:`ServerPlugin` instead of a subclass of
+HeteroFL's label split, cluster routing) brings a :class:`ServerPlugin` instead of a subclass of
 :class:`~fedgmr.strategy.masked_buffered.MaskedBufferedStrategy`. The strategy calls
 each hook of every plug-in, in the order they were given, at one point of its step:
 
