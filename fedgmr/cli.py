@@ -423,6 +423,9 @@ def plot(
                                  "run"),
     coverage: bool = typer.Option(False, "--coverage", help="the share of coordinates covered by 0, 1, 2, 3, 4+ "
                                   "updates of each aggregation (coverage_hist), stacked, of one run"),
+    only: list[str] = typer.Option([], "--only", help="plot part of the runs: those with one of these values of a "
+                                   "key, as for fedgmr table (--only heterogeneity=high --only "
+                                   "method=fedgmr,fjord_ims); repeatable"),
 ) -> None:
     """Plot accuracy (and average density, dashed) or another metric of runs.
 
@@ -452,9 +455,13 @@ disagree on t* (without --t-star) with code 2."""
                 raise ConfigError(f"{flag} plots {what}: drop --metric {metric}")
             if len(runs) != 1:
                 raise ConfigError(f"{flag} plots one run: give one run directory (got {len(runs)})")
+            if only:
+                raise ConfigError(f"{flag} plots one run: drop --only")
             single[flag][1](runs[0], out, x=x)
         else:
             dirs = expand_runs(runs)
+            if only:
+                dirs = _select_run_dirs(dirs, only)
             if t_star is None:
                 t_star = summary_t_star(dirs, required=False)
             plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=t_star)
@@ -462,6 +469,18 @@ disagree on t* (without --t-star) with code 2."""
         _fail(exc)
         return
     typer.echo(str(out))
+
+
+def _select_run_dirs(dirs: list[Path], only: list[str]) -> list[Path]:
+    """The run directories whose config has one of the ``--only`` values of each named key
+    (``fedgmr table``'s selection, read the same way); ConfigError when none does."""
+    from fedgmr.experiment.sweep import parse_only
+    from fedgmr.experiment.table import read_run, select_runs
+
+    kept = select_runs([read_run(d) for d in dirs], parse_only(only))
+    if not kept:
+        raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
+    return [r.path for r in kept]
 
 
 #: the demo's runs, in the order of its compare table (the first is the method)

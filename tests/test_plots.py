@@ -290,3 +290,30 @@ def test_many_curves_get_distinct_colours():
     many = curve_colors(17, cycle)
     assert len(set(many[:17])) == 17 and len(many) == 20
     assert many[0] == "#1f77b4" and many[10] == "#aec7e8"  # tab20: the dark shades first, then the light ones
+
+
+def test_plot_only_draws_the_runs_with_the_values_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--only`` selects runs as ``fedgmr table --only`` does: by a config key's value,
+    short names allowed, values comma-separated, several keys all required."""
+    import fedgmr.experiment.plots as plots
+
+    for method in ("fedgmr", "fjord_ims", "fedavg"):
+        for seed in (0, 1):
+            make_run(tmp_path / "sweep" / f"{method}-{seed}", [rec(0, 0.1), rec(10, 0.2)], seed=seed,
+                     method=method, clients={"heterogeneity": "high" if seed == 0 else "low"})
+    drawn: list[list[str]] = []
+    monkeypatch.setattr(plots, "plot_metric", lambda dirs, out, **kw: drawn.append(sorted(d.name for d in dirs)))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plot", "sweep", "--only", "method=fedgmr,fjord_ims", "--out", "p.png"])
+    assert result.exit_code == 0, result.stderr
+    result = CliRunner().invoke(app, ["plot", "sweep", "--only", "method=fedgmr,fedavg", "--only",
+                                      "heterogeneity=high", "--out", "p.png"])
+    assert result.exit_code == 0, result.stderr
+    assert drawn == [["fedgmr-0", "fedgmr-1", "fjord_ims-0", "fjord_ims-1"], ["fedavg-0", "fedgmr-0"]]
+    for args, needle in ((["--only", "method=fiarse"], "--only method: no run has fiarse (values: fedavg, "
+                                                       "fedgmr, fjord_ims)"),
+                         (["--only", "method=fedgmr", "--levels"], "--levels plots one run")):
+        result = CliRunner().invoke(app, ["plot", "sweep" if "--levels" not in args else "sweep/fedgmr-0", *args,
+                                          "--out", "q.png"])
+        assert result.exit_code == 2 and needle in result.stderr, result.stderr
+    assert not (tmp_path / "q.png").exists()
