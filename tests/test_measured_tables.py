@@ -1,7 +1,7 @@
-"""The measured tables in docs/reproduction.md are what `fedgmr table` prints on the cells
-kept in the repository under ``measured/``.
+"""The measured tables in docs/reproduction.md and docs/protocol_results.md are what
+`fedgmr table` prints on the cells kept in the repository under ``measured/``.
 
-Wherever the page shows a ``fedgmr table measured/...`` command in a ``bash`` block followed
+Wherever a page shows a ``fedgmr table measured/...`` command in a ``bash`` block followed
 by an output block, the command is run from the repository root and its output must equal
 the pasted block, character for character: a table edited by hand, or cells changed or
 lost after the table was pasted, fail here.
@@ -18,7 +18,8 @@ import pytest
 from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
-PAGE = REPO / "docs" / "reproduction.md"
+#: the pages whose pasted tables are re-derived here
+PAGES = [REPO / "docs" / "reproduction.md", REPO / "docs" / "protocol_results.md"]
 # the tables over measured/ parse each kept cell once per test process, not once a table
 pytestmark = pytest.mark.usefixtures("measured_read_once")
 
@@ -40,11 +41,12 @@ def pasted_tables(text: str) -> list[tuple[str, str]]:
     return found
 
 
-TABLES = pasted_tables(PAGE.read_text(encoding="utf-8"))
+TABLES = [t for page in PAGES for t in pasted_tables(page.read_text(encoding="utf-8"))]
 
 
-def test_the_page_shows_measured_tables():
-    assert len(TABLES) >= 1
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_each_page_shows_measured_tables(page: Path):
+    assert pasted_tables(page.read_text(encoding="utf-8")), f"{page.name} pastes no fedgmr table output"
 
 
 def test_pasted_tables_are_found_only_after_their_command():
