@@ -90,6 +90,12 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert f"{2 * len(dirs)} seeds per cell" in proc.stdout
         return
     elif sub == "plot":  # exactly as written, on small run directories made where it names them
+        if all(d.startswith("measured/") for d in _positional(args[1:])):  # the cells kept in the repository,
+            out = args.index("--out") + 1                                   # drawn into tmp_path, not docs/img
+            proc = run_cli([*args[:out], str(tmp_path / "p.png"), *args[out + 1:]], REPO)
+            assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+            assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG", where
+            return
         one_run = any(flag in args for flag in ("--levels", "--clients", "--classes", "--coverage"))
         for d in _positional(args[1:]):
             (_fake_run if one_run else _fake_runs)(tmp_path / d)
