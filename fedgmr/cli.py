@@ -1285,6 +1285,10 @@ def flower_testbed(
     duration: float = typer.Option(300.0, "--duration", help="the run's wall-clock bound in seconds (max-wall)"),
     steps: Optional[int] = typer.Option(None, "--steps", help="server steps (default: run.max_steps, else 50)"),
     predict: bool = typer.Option(True, "--predict/--no-predict", help="also run the simulator's prediction"),
+    fast_poll: Optional[float] = typer.Option(None, "--fast-poll", help="start each SuperNode as `fedgmr flower "
+                                              "supernode --poll-interval S` (Flower's SuperNode, its fixed waits "
+                                              "capped at S seconds) with `--pull-backoff S` on the SuperExecs and "
+                                              "pull-backoff S in the run config; default: Flower's flower-supernode"),
 ) -> None:
     """Run CONFIG on an emulated testbed (root): the SuperLink and each SuperNode in network
     namespaces of their own, every node's link shaped by tc to its tier's rates; then the
@@ -1294,7 +1298,7 @@ def flower_testbed(
 
     try:
         result = run_testbed(config, out, nodes=nodes, scale=scale, duration=duration, steps=steps,
-                             predict=predict, echo=typer.echo)
+                             predict=predict, echo=typer.echo, fast_poll=fast_poll)
         typer.echo(format_result(result))
         typer.echo(f"written: {out / 'testbed.json'}")
     except TestbedUnavailable as exc:

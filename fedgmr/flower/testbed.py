@@ -517,6 +517,12 @@ class LinkSampler(threading.Thread):
         return [(t, v[col]) for t, v in self.samples]
 
 
+def transfer_gap(rate: float) -> float:
+    """The pause (seconds) that ends a burst on a link of ``rate`` bytes/s
+    (:func:`find_transfers`): a few frames' time, at least 0.25 s."""
+    return max(0.25, 4 * 1514 / rate)
+
+
 def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: float,
                    edges: float | None = None) -> list[dict[str, float]]:
     """The bursts of a byte counter: runs of increases with no pause longer than a few
@@ -532,7 +538,7 @@ def find_transfers(series: Sequence[tuple[float, int]], rate: float, min_bytes: 
     their samples: the first increment cannot have taken less than its bytes at that rate
     after the sample before it, nor the last one before the sample before it. A sampler
     that was late (a loaded machine) then no longer stretches a transfer by its delay."""
-    gap = max(0.25, 4 * 1514 / rate)
+    gap = transfer_gap(rate)
     out: list[dict[str, float]] = []
     run: list[tuple[float, int]] = []  # every sample from the one before the burst's first increase
     last_up = 0.0  # time of the burst's last increase
@@ -618,10 +624,43 @@ def _log_time(line: str) -> float | None:
     return stamp.timestamp()
 
 
+def polling_label(fast_poll: float | None) -> str:
+    """How the testbed's SuperNodes poll, in words (its header and ``testbed.json``)."""
+    if not fast_poll:
+        return "Flower's flower-supernode (its own waits: work asked for every 3 s, pull back-off 1-10 s)"
+    return (f"fast-polling, fedgmr flower supernode --poll-interval {fast_poll:g}; SuperExecs and ServerApp "
+            f"pull-backoff {fast_poll:g} s")
+
+
+def node_commands(bindir: str | Path, superlink: str, ca_cert: str | Path, key: str | Path, index: int, nodes: int,
+                  warm_config: str | Path, seed: int | None = None, fast_poll: float | None = None,
+                  runtime_port: int = 9094) -> tuple[list[str], list[str]]:
+    """Node ``index``'s SuperNode and warm SuperExec command lines (argument lists, run
+    inside its namespace): Flower's ``flower-supernode`` with TLS, its node key, its
+    partition, ``--isolation process`` and its Runtime API on ``127.0.0.1:runtime_port``;
+    with ``fast_poll`` the same arguments after ``fedgmr flower supernode --poll-interval
+    S --``, and ``--pull-backoff S`` on the SuperExec (what ``fedgmr flower commands
+    --fast-poll S`` prints)."""
+    bindir = Path(bindir)
+    flower_args = ["--superlink", superlink, "--root-certificates", str(ca_cert), "--auth-supernode-private-key",
+                   str(key), "--node-config", f"partition-id={index} num-partitions={nodes}", "--isolation",
+                   "process", "--host", "127.0.0.1", "--port", str(runtime_port)]
+    if fast_poll:
+        supernode = [str(bindir / "fedgmr"), "flower", "supernode", "--poll-interval", f"{fast_poll:g}", "--",
+                     *flower_args]
+    else:
+        supernode = [str(bindir / "flower-supernode"), *flower_args]
+    superexec = [str(bindir / "fedgmr"), "flower", "superexec", "--runtime-api-address",
+                 f"127.0.0.1:{runtime_port}", "--insecure", "--warm-config", str(warm_config),
+                 *(["--seed", str(seed)] if seed is not None else []),
+                 *(["--pull-backoff", f"{fast_poll:g}"] if fast_poll else [])]
+    return supernode, superexec
+
+
 def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, scale: float = 1.0,
                 duration: float = 300.0, steps: int | None = None, k: int | None = None,
                 reply_timeout: float = 120.0, predict: bool = True, seed: int | None = None,
-                echo: Any = print) -> dict[str, Any]:
+                echo: Any = print, fast_poll: float | None = None) -> dict[str, Any]:
     """Run the FedGMR config ``config`` on an emulated testbed; write ``out``.
 
     The SuperLink runs with TLS and SuperNode authentication: every node's key is
@@ -633,6 +672,12 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
     ``keys/``, ``links.json`` (each node's tier, rates and bytes carried), ``transfers.json``
     (every transfer seen on the links), ``sim/`` (the simulator's prediction, unless
     ``predict`` is false) and ``testbed.json`` (the comparison), which is returned.
+
+    With ``fast_poll`` (seconds) every SuperNode is the fast-polling one (``fedgmr flower
+    supernode --poll-interval S -- <the same flower-supernode arguments>``), every warm
+    SuperExec gets ``--pull-backoff S`` and the ServerApp's run config ``pull-backoff = S``,
+    as ``fedgmr flower commands --fast-poll S`` prints a deployment (:func:`node_commands`);
+    unset, Flower's own ``flower-supernode`` and back-offs.
     """
     import yaml
 
@@ -659,6 +704,8 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
         raise ConfigError(f"the testbed takes 1 to {MAX_NODES} nodes, not {n}")
     if not scale > 0:
         raise ConfigError(f"--scale must be > 0, got {scale}")
+    if fast_poll is not None and not (fast_poll > 0 and math.isfinite(fast_poll)):
+        raise ConfigError(f"--fast-poll must be a positive number of seconds, got {fast_poll}")
     out = Path(out).resolve()
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: name a new folder for the testbed's output")
@@ -683,7 +730,8 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
     app = write_app(out / "app", {"config": str(run_cfg_path), "out-dir": str(deployed),
                                   "num-server-steps": max_steps, "reply-timeout": float(reply_timeout),
                                   "step-timeout": float(reply_timeout), "max-wall": float(duration),
-                                  "node-wait": 300.0, **({"k": k} if k else {})})
+                                  "node-wait": 300.0, **({"k": k} if k else {}),
+                                  **({"pull-backoff": float(fast_poll)} if fast_poll else {})})
     write_flower_config(flwr_home, {"testbed": {"address": f"127.0.0.1:{port}",
                                                 "root-certificates": str(creds.ca_cert)}})
     links: list[dict[str, Any]] = []
@@ -691,6 +739,11 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
     t_start = time.monotonic()
     with terminate_on_sigterm(), ShapedNetwork(down, up) as net:
         echo(f"testbed: server namespace {net.server_ns}, {n} node namespace(s) {PREFIX}-{net.token}-node0..{n - 1}")
+        echo(f"  SuperNodes: {polling_label(fast_poll)}")
+        if fast_poll and fast_poll < max(transfer_gap(r) for r in [*down, *up]):
+            echo(f"  warning: each idle SuperNode asks for work every {fast_poll:g} s across its link, more often "
+                 f"than the pause of {max(transfer_gap(r) for r in [*down, *up]):.2f} s that separates transfers "
+                 "on the slowest link: per-transfer times and the latency fit are not reliable")
         for link, d in zip(net.nodes, tiers):
             echo(f"  node {link.index}: tier {d:g}, {link.node_ip} <-> {link.server_ip}, down "
                  f"{link.down / MB:.4g} MB/s, up {link.up / MB:.4g} MB/s")
@@ -711,17 +764,12 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
             ids.append(int(m.group(1)))
         key_of_slot = [creds.node_keys[j] for j in sorted(range(n), key=lambda j: ids[j])]
         for link in net.nodes:
-            node_cfg = f"partition-id={link.index} num-partitions={n}"
-            sn = net.popen(link.namespace, [str(bindir / "flower-supernode"), "--superlink", f"{link.server_ip}:{port}",
-                                            "--root-certificates", str(creds.ca_cert), "--auth-supernode-private-key",
-                                            str(key_of_slot[link.index]), "--node-config", node_cfg, "--isolation",
-                                            "process", "--host", "127.0.0.1", "--port", "9094"],
-                           f"supernode{link.index}", logs, env, out)
+            supernode, superexec = node_commands(bindir, f"{link.server_ip}:{port}", creds.ca_cert,
+                                                 key_of_slot[link.index], link.index, n, run_cfg_path, seed,
+                                                 fast_poll)
+            sn = net.popen(link.namespace, supernode, f"supernode{link.index}", logs, env, out)
             _wait_listen(link.namespace, 9094, sn, f"supernode {link.index}", 120)
-            net.popen(link.namespace, [str(bindir / "fedgmr"), "flower", "superexec", "--runtime-api-address",
-                                       "127.0.0.1:9094", "--insecure", "--warm-config", str(run_cfg_path),
-                                       *(["--seed", str(seed)] if seed is not None else [])],
-                      f"superexec{link.index}", logs, env, out)
+            net.popen(link.namespace, superexec, f"superexec{link.index}", logs, env, out)
         sampler = LinkSampler(net.server_ns, [link.server_dev for link in net.nodes], limit=duration + 3600)
         sampler.start()
         try:  # the sampler thread holds the server namespace: it ends before the namespace is deleted
@@ -750,6 +798,7 @@ def run_testbed(config: str | Path, out: str | Path, nodes: int | None = None, s
     t0 = next((_log_time(line) for line in (deployed / "server.log").read_text().splitlines()
                if "node(s) connected" in line), None) or (sampler.samples[0][0] if sampler.samples else 0.0)
     result: dict[str, Any] = {"config": str(config), "method": cfg.method, "nodes": n, "scale": scale,
+                              "fast_poll": fast_poll, "supernodes": polling_label(fast_poll),
                               "tiers": tiers, "links": links,
                               "deployed": {k: summary.get(k) for k in ("method", "steps", "time", "final_accuracy",
                                                                          "replies", "timeouts", "restorations",
@@ -1200,6 +1249,7 @@ def _deviation(deployed: Sequence[int], predicted: Sequence[int] | None) -> str:
 
 
 __all__ = ["comparison_table", "fit_message_latency", "format_result", "match_messages", "LinkSampler", "NodeLink",
+           "node_commands", "polling_label",
            "ShapedNetwork", "TestbedUnavailable", "calibrate_compute", "compare",
            "find_transfers", "list_namespaces", "measure_transfer", "plot_comparison", "predict_run",
            "remove_stale_namespaces", "run_testbed", "terminate_on_sigterm", "tier_rates", "unavailable_reason"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -213,6 +214,60 @@ def test_the_comparison_table_has_a_column_per_prediction():
     assert any("1.10 [1.00-1.20]" in line for line in table)
 
 
+def test_fast_poll_starts_the_fast_polling_supernode_and_caps_the_pull_backoff(monkeypatch, tmp_path):
+    """`--fast-poll S`: node i's SuperNode is `fedgmr flower supernode --poll-interval S --`
+    followed by exactly the flower-supernode arguments it gets without it (the line
+    `fedgmr flower commands --fast-poll S` prints), its SuperExec gets `--pull-backoff S`;
+    unset, Flower's own flower-supernode and no back-off. That command line parses and
+    hands Flower's entry point the arguments; a non-positive S is refused before anything
+    is written. No namespaces needed."""
+    args = ("/venv/bin", "10.77.1.1:9093", "/k/ca.crt", "/k/node-1.key", 1, 2, "/o/fedgmr.yaml", 0)
+    plain_sn, plain_se = tb.node_commands(*args)
+    assert plain_sn[0] == "/venv/bin/flower-supernode" and "--pull-backoff" not in plain_se
+    flower_args = plain_sn[1:]
+    assert flower_args == ["--superlink", "10.77.1.1:9093", "--root-certificates", "/k/ca.crt",
+                           "--auth-supernode-private-key", "/k/node-1.key", "--node-config",
+                           "partition-id=1 num-partitions=2", "--isolation", "process", "--host", "127.0.0.1",
+                           "--port", "9094"]
+    fast_sn, fast_se = tb.node_commands(*args, fast_poll=0.2)
+    assert fast_sn == ["/venv/bin/fedgmr", "flower", "supernode", "--poll-interval", "0.2", "--", *flower_args]
+    assert fast_se == [*plain_se, "--pull-backoff", "0.2"]
+    assert fast_se[:6] == ["/venv/bin/fedgmr", "flower", "superexec", "--runtime-api-address", "127.0.0.1:9094",
+                           "--insecure"]
+    # the same launcher and back-off as the printed fast-polling deployment
+    from fedgmr.flower.security import deployment_commands
+
+    printed = deployment_commands(tmp_path, 2, fast_poll=0.2)
+    line = shlex.split(printed["supernodes"][1])
+    assert ["/venv/bin/" + line[0], *line[1:6]] == fast_sn[:6] and line[6] == "--superlink"
+    assert shlex.split(printed["superexecs"][1])[-2:] == fast_se[-2:]
+    assert "Flower's flower-supernode" in tb.polling_label(None)
+    assert "--poll-interval 0.2" in tb.polling_label(0.2) and "pull-backoff 0.2" in tb.polling_label(0.2)
+
+    # `fedgmr flower supernode` parses that line and runs Flower's entry point with its arguments
+    flwr_cli = pytest.importorskip("flwr.supernode.cli")
+    seen = {}
+
+    def fake_flower_supernode():
+        seen["argv"] = list(sys.argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(flwr_cli, "flower_supernode", fake_flower_supernode)
+    from fedgmr.cli import app
+
+    res = CliRunner().invoke(app, fast_sn[1:])
+    assert res.exit_code == 0, res.output
+    assert seen["argv"] == ["flower-supernode", *flower_args]
+
+    # a non-positive interval is refused before anything is made or written
+    monkeypatch.setattr(tb, "unavailable_reason", lambda: None)
+    out = tmp_path / "out"
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(tb.ConfigError, match="--fast-poll"):
+            tb.run_testbed(_config(tmp_path), out, fast_poll=bad)
+    assert not out.exists()
+
+
 # -- shaped links -------------------------------------------------------------------------------
 @needs_netns
 @pytest.mark.slow
@@ -296,18 +351,31 @@ def _env() -> dict[str, str]:
 
 @needs_netns
 @pytest.mark.slow
-def test_flower_run_across_the_testbed_and_its_teardown(tmp_path):
+@pytest.mark.parametrize("fast_poll", [None, 0.2], ids=["flower-supernode", "fast-poll"])
+def test_flower_run_across_the_testbed_and_its_teardown(tmp_path, fast_poll):
     """`fedgmr flower testbed` on two shaped nodes: the run completes, every node's link
-    carried its traffic, the prediction and the comparison are written, nothing is left."""
+    carried its traffic, the prediction and the comparison are written, nothing is left.
+    Once with Flower's SuperNodes, once with `--fast-poll 0.2` (the fast-polling SuperNodes,
+    their SuperExecs' and the ServerApp's pull back-off capped)."""
     out = tmp_path / "out"
+    extra = ["--fast-poll", str(fast_poll)] if fast_poll else []
     res = subprocess.run([str(BIN / "fedgmr"), "flower", "testbed", str(_config(tmp_path)), "--out", str(out),
-                          "--scale", "0.05", "--duration", str(scaled(120))], capture_output=True, text=True,
+                          "--scale", "0.05", "--duration", str(scaled(120)), *extra], capture_output=True, text=True,
                          env=_env(), timeout=scaled(900))
     print(res.stdout[-4000:], res.stderr[-4000:])
     assert res.returncode == 0, res.stderr[-3000:]
     token = res.stdout.split("server namespace fgtb-")[1].split("-server")[0]
     assert _ours(f"fgtb-{token}") == ([], "")
+    assert not [n for n in tb.list_namespaces() if n.startswith(f"{tb.PREFIX}-")]
     result = json.loads((out / "testbed.json").read_text())
+    assert result["fast_poll"] == fast_poll and f"SuperNodes: {tb.polling_label(fast_poll)}" in res.stdout
+    supernode_log = (out / "logs" / "supernode0.log").read_text()
+    server_log = (out / "deployed" / "server.log").read_text()
+    if fast_poll:
+        assert "its waits capped at 0.2 s" in supernode_log, supernode_log[-2000:]
+        assert "asked for again after at most 0.2 s" in server_log
+    else:
+        assert "waits capped" not in supernode_log and "pull-backoff" not in server_log
     assert result["deployed"]["steps"] == 4 and result["deployed"]["replies"] >= 4
     assert result["simulated"]["steps"] >= 1  # the same time window, virtual
     for link in result["links"]:
@@ -315,12 +383,17 @@ def test_flower_run_across_the_testbed_and_its_teardown(tmp_path):
     assert result["compute_seconds_per_round"] > 0
     assert (out / "deployed" / "metrics.jsonl").exists() and (out / "sim" / "metrics.jsonl").exists()
     assert (out / "accuracy.png").exists()
+    # every reply crossed its node's shaped uplink: wire bytes >= the payload the server counted
+    assert sum(link["bytes_up"] for link in result["links"]) >= result["deployed"]["bytes_up"]
+    if fast_poll:
+        # polls every 0.2 s cross each link with no pause of 0.25 s: find_transfers sees one
+        # long burst per link, so transfers are not tied to messages (documented in §4)
+        assert "per-transfer times and the latency fit are not reliable" in res.stdout
+        return
     # node i is client slot i: each link carried its own client's uploads (seen as bursts)
     transfers = json.loads((out / "transfers.json").read_text())
     for c in (0, 1):
         assert any(t["client"] == c and t["direction"] == "up" for t in transfers), transfers
-    # every reply crossed its node's shaped uplink: wire bytes >= the payload the server counted
-    assert sum(link["bytes_up"] for link in result["links"]) >= result["deployed"]["bytes_up"]
     assert "uploads per client, simulated" in res.stdout
     # every transfer is kept in testbed.json, tied to its message where it had one
     kept = result["transfers"]
