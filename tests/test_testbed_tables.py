@@ -55,3 +55,25 @@ def test_each_run_left_no_namespace_behind():
     for method in METHODS:
         tail = _log(method).rstrip().splitlines()[-1]
         assert tail == "rc=0", (method, tail)  # `ip netns list`, run after each, printed nothing
+
+
+#: the rerun with every transfer and message recorded and the latency fitted ("Measured with the records")
+RUNS_V4 = REPO / "measured" / "testbed_v4"
+
+
+def _comparison_table(log: str) -> str:
+    """The Markdown comparison table a testbed run prints (four predictions beside the deployment)."""
+    lines = log.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| | deployed |"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[first:end])
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_the_v4_comparison_tables_are_what_the_runs_printed(method: str):
+    log = (RUNS_V4 / f"{method}.log").read_text()
+    table = _comparison_table(log)
+    assert table.count("\n") >= 14 and "(4) reported training time + bytes + latency per message" in table
+    assert table in PAGE, f"{method}: the page's table is not what measured/testbed_v4/{method}.log printed"
+    fit = _one(r"^per-message latency .*network\.message_latency = ([\d.]+) s", log)[1]
+    assert f"/ {fit} |" in table  # the fitted latency is the one prediction (4) used
