@@ -69,11 +69,13 @@ def _comparison_table(log: str) -> str:
     return "\n".join(lines[first:end])
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_the_v4_comparison_tables_are_what_the_runs_printed(method: str):
-    log = (RUNS_V4 / f"{method}.log").read_text()
+@pytest.mark.parametrize("run", [*METHODS, *(f"fast-{m}" for m in METHODS)])
+def test_the_v4_comparison_tables_are_what_the_runs_printed(run: str):
+    """Flower's own SuperNodes (``fedgmr``, ...) and the fast-polling ones (``fast-fedgmr``, ...)."""
+    log = (RUNS_V4 / f"{run}.log").read_text()
     table = _comparison_table(log)
     assert table.count("\n") >= 14 and "(4) reported training time + bytes + latency per message" in table
-    assert table in PAGE, f"{method}: the page's table is not what measured/testbed_v4/{method}.log printed"
+    assert table in PAGE, f"{run}: the page's table is not what measured/testbed_v4/{run}.log printed"
     fit = _one(r"^per-message latency .*network\.message_latency = ([\d.]+) s", log)[1]
     assert f"/ {fit} |" in table  # the fitted latency is the one prediction (4) used
+    assert ("--poll-interval 0.2" in log) == run.startswith("fast-")
