@@ -174,13 +174,18 @@ def run(repeats: int = 3, wire: float = tb.WIRE_PER_PAYLOAD, old: bool = False) 
     return rows
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_benchmark_commands.py parses the documented ones with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
     ap.add_argument("--bare", action="store_true", help="shape at the payload rate (no allowance for headers)")
     ap.add_argument("--old-detector", action="store_true", help="time the counter as the testbed did before")
-    args = ap.parse_args()
+    return ap
+
+
+if __name__ == "__main__":
+    args = parser().parse_args()
     result = run(args.repeats, 1.0 if args.bare else tb.WIRE_PER_PAYLOAD, args.old_detector)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
