@@ -473,11 +473,12 @@ disagree on t* (without --t-star) with code 2."""
 
 def _select_run_dirs(dirs: list[Path], only: list[str]) -> list[Path]:
     """The run directories whose config has one of the ``--only`` values of each named key
-    (``fedgmr table``'s selection, read the same way); ConfigError when none does."""
+    (``fedgmr table``'s selection, on the configs alone); ConfigError when none does."""
     from fedgmr.experiment.sweep import parse_only
-    from fedgmr.experiment.table import read_run, select_runs
+    from fedgmr.experiment.table import RunData, read_run_config, select_runs
 
-    kept = select_runs([read_run(d) for d in dirs], parse_only(only))
+    runs = [RunData(d, read_run_config(d), [], [], [], [], None) for d in dirs]
+    kept = select_runs(runs, parse_only(only))
     if not kept:
         raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
     return [r.path for r in kept]

@@ -18,7 +18,8 @@ from fedgmr.algorithm.params import ParamSpace, get_buffers
 from fedgmr.algorithm.policies import FullModelPolicy, MagnitudePolicy
 from fedgmr.algorithm.restoration import DensityLadder
 from fedgmr.algorithm.staleness import Polynomial
-from fedgmr.strategy.masked_buffered import NORM_MIN_HISTORY, MaskedBufferedStrategy
+from fedgmr.strategy.influence import NORM_MIN_HISTORY
+from fedgmr.strategy.masked_buffered import MaskedBufferedStrategy
 from fedgmr.strategy.messages import Reply
 
 LADDER = [0.25, 0.5, 1.0]

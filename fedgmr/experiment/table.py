@@ -155,6 +155,20 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def read_run(path: Path, metric: str = "accuracy") -> RunData:
     """A run's config and its evaluation series of ``metric`` (the global test accuracy,
     or a personalised one); one-line errors for a damaged run."""
+    flat = read_run_config(path)
+    rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
+    times, accs = metric_series(rows, metric, path / "metrics.jsonl")
+    rejected = _rejected(path, rows)
+    if metric != "accuracy":  # bytes at the records that carry the metric
+        rows = [r for r in rows if finite_number(metric_value(r, metric))]
+    interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
+    return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
+                   [float(r.get("bytes_down", math.nan)) for r in rows], interval, metric, rejected)
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """A run's config flattened to dotted keys as the tables read it: with a sweep's case
+    axes and the run's clock (``virtual`` or ``wall``); one-line errors for a damaged run."""
     try:
         config = yaml.load(read_run_text(path / "config.yaml"), Loader=_SAFE_LOADER)
     except RunDirError:  # a FIFO, a device, a file above the bound: one line, never a hang
@@ -163,19 +177,12 @@ def read_run(path: Path, metric: str = "accuracy") -> RunData:
         raise FedGMRError(f"{path / 'config.yaml'} is unreadable: {str(exc).splitlines()[0]}") from None
     if not isinstance(config, dict):
         raise FedGMRError(f"{path / 'config.yaml'} is not a fedgmr config")
-    rows = read_run_metrics(path)  # at least one record, each with a finite time and an accuracy
-    times, accs = metric_series(rows, metric, path / "metrics.jsonl")
-    rejected = _rejected(path, rows)
-    if metric != "accuracy":  # bytes at the records that carry the metric
-        rows = [r for r in rows if finite_number(metric_value(r, metric))]
-    interval = run_eval_interval(path)  # the summary's (a Flower run: none), else the config's
     flat = flatten_config(config)
     for axis, label in sweep_cases(path).items():  # a sweep's case axis is a column like any key
         flat.setdefault(axis, label)                # (`--rows case`, `--cols tier`)
     # a Flower run's times are wall-clock seconds: never one cell with a simulation's
     flat["clock"] = run_clock(path)
-    return RunData(path, flat, times, accs, [float(r.get("bytes_up", math.nan)) for r in rows],
-                   [float(r.get("bytes_down", math.nan)) for r in rows], interval, metric, rejected)
+    return flat
 
 
 def _rejected(path: Path, rows: Sequence[dict[str, Any]]) -> int:

@@ -22,7 +22,7 @@ from fedgmr.algorithm.policies import SubmodelPolicy
 from fedgmr.algorithm.restoration import DensityLadder, EarlyStopping, RestorationTrigger
 from fedgmr.algorithm.staleness import StalenessFn
 from fedgmr.errors import InvalidUpdateError
-from fedgmr.strategy.influence import NORM_MIN_HISTORY, NORM_WINDOW, BoundStats, InfluenceBounds  # noqa: F401
+from fedgmr.strategy.influence import BoundStats, InfluenceBounds
 from fedgmr.strategy.messages import Assignment, Reply, StepReport, Wire
 from fedgmr.strategy.plugins import ServerPlugin, implements, plugin_conflict
 from fedgmr.strategy.restoration import Restoration
@@ -79,8 +79,8 @@ class MaskedBufferedStrategy:
         its floating-point buffers. A larger update is *clipped* to the bound (scaled
         down, direction kept), counted in ``bounds.clipped`` and logged.
     norm_multiple: adaptive bound: ``norm_multiple`` x the median norm of the last
-        :data:`NORM_WINDOW` accepted updates (before :data:`NORM_MIN_HISTORY` updates
-        were accepted: the norm of what the client was sent). With ``max_update_norm``
+        ``influence.NORM_WINDOW`` accepted updates (before ``influence.NORM_MIN_HISTORY``
+        updates were accepted: the norm of what the client was sent). With ``max_update_norm``
         too, the smaller bound applies.
 
     reply_extras: what a reply carries beside its values (the client method's

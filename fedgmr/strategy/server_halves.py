@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
 import torch.nn as nn
 
 from fedgmr.algorithm.local_rules import batch_norm_coordinates
