@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fedgmr.models.pooling import MaxPool2d
 from fedgmr.models.registry import MODELS, scaled, shape_mismatch
 from fedgmr.options import int_option, ints_option
 
@@ -26,8 +27,8 @@ class RepCNN(nn.Module):
         c1, c2 = channels
         side = image_size // 4
         self.extractor = nn.Sequential(
-            nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(), MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), MaxPool2d(2), nn.Flatten(),
             nn.Linear(c2 * side * side, hidden), nn.ReLU(), nn.Linear(hidden, rep_dim), nn.ReLU(),
         )
         self.head = nn.Linear(rep_dim, num_classes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fedgmr.models.pooling import MaxPool2d
 from fedgmr.models.registry import MODELS, scaled, shape_mismatch
 from fedgmr.options import ints_option
 
@@ -26,7 +27,7 @@ class VGG(nn.Module):
         for item in cfg:
             if item == "M":
                 if side > 1:
-                    layers.append(nn.MaxPool2d(2, ceil_mode=True))
+                    layers.append(MaxPool2d(2, ceil_mode=True))
                     side = (side + 1) // 2
             else:
                 layers += [nn.Conv2d(prev, int(item), 3, padding=1), nn.ReLU(inplace=True)]

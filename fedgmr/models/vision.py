@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
+from fedgmr.models.pooling import MaxPool2d
 from fedgmr.models.registry import MODELS, scaled, shape_mismatch
 from fedgmr.options import bool_option, int_option, ints_option
 
@@ -40,7 +41,7 @@ class SmallCNN(nn.Module):
             mods: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1)]
             if batch_norm:
                 mods.append(nn.BatchNorm2d(cout))
-            mods += [nn.ReLU(), nn.MaxPool2d(2)]
+            mods += [nn.ReLU(), MaxPool2d(2)]
             return mods
 
         self.features = nn.Sequential(*block(in_channels, c1), *block(c1, c2), nn.AdaptiveAvgPool2d(2))
@@ -60,7 +61,7 @@ class Conv2(nn.Module):
 
         def block(cin: int, cout: int) -> list[nn.Module]:
             norm: list[nn.Module] = [nn.BatchNorm2d(cout)] if batch_norm else []
-            return [nn.Conv2d(cin, cout, 5, padding=2), *norm, nn.ReLU(), nn.MaxPool2d(2)]
+            return [nn.Conv2d(cin, cout, 5, padding=2), *norm, nn.ReLU(), MaxPool2d(2)]
 
         self.features = nn.Sequential(*block(in_channels, c1), *block(c1, c2))
         side = image_size // 4
