@@ -214,7 +214,7 @@ def test_sampled_selection_finds_the_exact_mth_largest(kind: str):
     score = _arrays(n)[kind]
     for m in (1, 2, 63, n // 100, n // 3, n // 3 + 1, n // 2, n - n // 10, n - 1, n):
         want = masks_module._select_mth_largest(score, m)
-        got = masks_module._mth_largest(score, m)
+        got = masks_module.mth_largest(score, m)
         assert got.dtype == score.dtype and float(got) == float(want), (kind, m)
         # and the positions: those of a stable descending sort
         order = torch.sort(score, descending=True, stable=True).indices[:m]
@@ -228,7 +228,7 @@ def test_sampled_selection_with_nan_matches_topk():
     score = torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     score[::1000] = float("nan")
     for m in (1, 50, n // 2):
-        a, b = masks_module._mth_largest(score, m), masks_module._select_mth_largest(score, m)
+        a, b = masks_module.mth_largest(score, m), masks_module._select_mth_largest(score, m)
         assert (math.isnan(float(a)) and math.isnan(float(b))) or float(a) == float(b)
 
 

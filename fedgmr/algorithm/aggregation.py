@@ -176,9 +176,9 @@ def nonzero_delta_average(previous: torch.Tensor, deltas: Sequence[Update], weig
     den = torch.zeros_like(previous, dtype=torch.float64)
     for (mask, values), w in zip(deltas, weights):
         nz = values != 0
-        idx = mask.nonzero().view(-1)[nz]
-        num[idx] += w * values[nz].double()
-        den[idx] += w
+        idx = mask.nonzero().view(-1)[nz]  # distinct coordinates: one addition each
+        num.index_add_(0, idx, w * values[nz].double())
+        den.index_add_(0, idx, torch.full((idx.numel(),), float(w), dtype=den.dtype, device=den.device))
     out = previous.clone()
     moved = den > 0
     out[moved] = (previous[moved].double() + server_lr * num[moved] / den[moved]).to(previous.dtype)

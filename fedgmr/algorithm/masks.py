@@ -138,11 +138,11 @@ def _select_mth_largest(score: torch.Tensor, m: int) -> torch.Tensor:
     return torch.topk(score, n - m + 1, largest=False, sorted=False).values.max()  # the (n - m + 1)-th smallest
 
 
-#: below this many entries :func:`_mth_largest` selects directly
+#: below this many entries :func:`mth_largest` selects directly
 _SAMPLED_SELECTION_MIN = 1 << 16
 
 
-def _mth_largest(score: torch.Tensor, m: int, nan_free: bool = False) -> torch.Tensor:
+def mth_largest(score: torch.Tensor, m: int, nan_free: bool = False) -> torch.Tensor:
     """The ``m``-th largest entry of a 1-D ``score``, exactly (the value
     :func:`_select_mth_largest` gives), in a few linear passes: a strided sample's sorted
     values bracket it, the entries between the brackets are selected from (a few percent
@@ -185,7 +185,7 @@ def top_positions(score: torch.Tensor, m: int, tie: torch.Tensor | None = None,
         return out
     if m >= n:
         return out.fill_(True)
-    threshold = _mth_largest(score, m, nan_free)
+    threshold = mth_largest(score, m, nan_free)
     torch.gt(score, threshold, out=out)
     missing = m - int(torch.count_nonzero(out))
     tied = torch.nonzero(score == threshold).squeeze(1)

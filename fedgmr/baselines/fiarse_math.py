@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
+from fedgmr.algorithm.masks import mth_largest
 from fedgmr.algorithm.params import _NORM_TYPES, ParamSpace
 
 
@@ -26,12 +27,16 @@ def _kept_count(numel: int, size: float) -> int:
 
 def thresholds(scores: torch.Tensor, sizes: Sequence[float]) -> list[float]:
     """For each size, the ``k``-th largest score, ``k = floor(numel * size)`` (``inf`` when
-    ``k == 0``), all from one sort of ``scores``."""
+    ``k == 0``): one selection per size (a sort when ``scores`` hold NaN)."""
     ks = [_kept_count(scores.numel(), size) for size in sizes]
     if not any(ks):
         return [math.inf] * len(ks)
-    ordered = torch.sort(scores.flatten(), descending=True).values
-    return [float(ordered[k - 1]) if k else math.inf for k in ks]
+    flat = scores.flatten()
+    if bool(torch.isnan(flat).any()):  # a sort puts NaN first; keep its order exactly
+        ordered = torch.sort(flat, descending=True).values
+        return [float(ordered[k - 1]) if k else math.inf for k in ks]
+    # the k-th largest by a linear-time selection: the very entry a full sort would put at k - 1
+    return [float(mth_largest(flat, k, nan_free=True)) if k else math.inf for k in ks]
 
 
 def threshold(scores: torch.Tensor, size: float) -> float:

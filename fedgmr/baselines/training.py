@@ -278,6 +278,11 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
     theta = fiarse_math.thresholds_from_mask(start, extracted, groups)
     sgd = FlatSGD(start.clone(), settings)
     m = extracted.clone()
+    # the kept scored coordinates, ascending, and their thresholds: only these can drop out
+    # (an unscored coordinate has theta 0, one outside the mask is out already), so the
+    # set shrinks step by step without a scan of the whole mask
+    kept = (scored & m).nonzero().squeeze(1)
+    theta_kept = theta.index_select(0, kept)
     set_buffers(model, buffers)
     model.train()
     total = 0.0
@@ -287,15 +292,17 @@ def fiarse_local_training(model: nn.Module, space: ParamSpace, start: torch.Tens
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
         """FIARSE's masked forward, threshold-controlled gradient and shrinking mask."""
-        nonlocal m, total
+        nonlocal m, kept, theta_kept, total
         w = sgd.w
         g, loss, _ = flat_backward(model, space, w * m, xb, yb, loss_fn)
         g = g * m
-        kept = (scored & m).nonzero().squeeze(1)  # one scan; boolean indexing scanned four times
-        g.index_copy_(0, kept, g.index_select(0, kept) * fiarse_math.multiplier(w.index_select(0, kept),
-                                                                                theta.index_select(0, kept)))
+        g.index_copy_(0, kept, g.index_select(0, kept) * fiarse_math.multiplier(w.index_select(0, kept), theta_kept))
         sgd.step(g, decay_mask=m, step_mask=extracted)
-        m = m & ~(scored & (sgd.w.abs() < theta))
+        dropped = sgd.w.index_select(0, kept).abs() < theta_kept  # the mask becomes m & (|w| >= theta)
+        if bool(dropped.any()):
+            m[kept[dropped]] = False  # m is this job's own copy
+            stay = ~dropped
+            kept, theta_kept = kept[stay], theta_kept[stay]
         total += float(loss.detach())
         if on_step is not None:
             on_step(m.clone())
