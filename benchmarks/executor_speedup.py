@@ -8,10 +8,18 @@ metrics are identical to the serial run's.
 
     python benchmarks/executor_speedup.py [--repeats 3] [--workers 2] [--steps 30] [--local-steps 40]
         [--method fedgmr|fedavg] [--executors serial process ray]
+    python benchmarks/executor_speedup.py --pool-machinery [--repeats 3] [--workers 2] [--method fedavg]
 
 Beside each wall time it prints the CPU seconds the run used (this process and the
 pool's workers): on a busy machine the CPU time shows what the pool costs, and the
 wall-time speed-up what the machine had free to give.
+
+``--pool-machinery`` measures the process pool's own cost per job, without training: the
+serial run's jobs are sent through the pool in waves of 10 and each worker hands back the
+serial run's result for the job (the same bytes cross each way as in a real run); it prints
+the CPU milliseconds per job in this process (all its threads) and in the workers (their
+whole life, reaped at close). Needs the ``fork`` start method (the workers inherit the
+replacement).
 """
 
 from __future__ import annotations
@@ -115,12 +123,58 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", default="fedgmr", help="fedgmr (semi-async, K = 3) or e.g. fedavg (synchronous)")
     ap.add_argument("--executors", nargs="+", choices=("serial", "process", "ray"),
                     help="default: serial, process and (if installed) ray")
+    ap.add_argument("--pool-machinery", action="store_true",
+                    help="the process pool's CPU per job with training replaced by the serial results")
     return ap
+
+
+def pool_machinery(workers: int, steps: int, local_steps: int, method: str, repeats: int) -> None:
+    """The process pool's CPU per job, no training (see the module's docstring)."""
+    from fedgmr.sim.executor import ClientWorkload
+    from fedgmr.sim.executors import ProcessPoolExecutor
+
+    jobs: list[Any] = []
+    results: dict[Any, Any] = {}
+    exp = build_experiment(resolve_config(config("serial", workers, steps, local_steps, method)))
+    train = ClientWorkload.run
+
+    def record(self: ClientWorkload, job: Any) -> Any:
+        result = train(self, job)
+        jobs.append(job)
+        results[job.client_id, job.seed] = result
+        return result
+
+    ClientWorkload.run = record  # type: ignore[method-assign]
+    try:
+        exp.simulator.run(steps)
+        exp.simulator.finish()
+        ClientWorkload.run = lambda self, job: results[job.client_id, job.seed]  # type: ignore[method-assign]
+        workload = exp.executor.workload
+        print(f"{len(jobs)} jobs of the serial run ({method}, {local_steps} local steps), no training, "
+              f"{workers} workers, waves of 10")
+        for rep in range(repeats):
+            pool = ProcessPoolExecutor(workload, workers, threads=1, start_method="fork")
+            pool.submit(jobs[0]).result()  # the workers are up
+            cpu0, child0, t0 = time.process_time(), _children_cpu(), time.perf_counter()
+            for i in range(0, len(jobs), 10):
+                for handle in [pool.submit(job) for job in jobs[i:i + 10]]:
+                    handle.result()
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+            pool.close()
+            child = _children_cpu() - child0
+            n = len(jobs)
+            print(f"  repeat {rep + 1}: CPU per job {1e3 * cpu / n:.2f} ms here + {1e3 * child / n:.2f} ms in the "
+                  f"workers = {1e3 * (cpu + child) / n:.2f} ms; wall {1e3 * wall / n:.2f} ms per job")
+    finally:
+        ClientWorkload.run = train  # type: ignore[method-assign]
 
 
 def main() -> None:
     args = parser().parse_args()
     torch.set_num_threads(1)
+    if args.pool_machinery:
+        pool_machinery(args.workers, args.steps, args.local_steps, args.method, args.repeats)
+        return
     executors = args.executors or ["serial", "process"] + (["ray"] if importlib.util.find_spec("ray") else [])
     if executors[0] != "serial":
         executors = ["serial"] + [e for e in executors if e != "serial"]  # the reference and the baseline
