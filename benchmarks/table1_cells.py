@@ -115,7 +115,10 @@ def main() -> None:
     for _ in range(args.repeats):
         for m, cell in cells.items():
             for code in args.code:
-                runs.setdefault((m, code), []).append(_run(cell, code, args.data, sel["preset"]))
+                r = _run(cell, code, args.data, sel["preset"])
+                runs.setdefault((m, code), []).append(r)
+                print(f"  {m} with {code}: wall {r['wall']:.1f} s, CPU {r['cpu']:.1f} s, "
+                      f"{'identical' if not r['diff'] else 'DIFFER'}", file=sys.stderr, flush=True)
     med = statistics.median
     print(f"cells: {args.cells} ({', '.join(f'{k}={v}' for k, v in sel.items())}); "
           f"{args.repeats} repeat(s), interleaved, one process per run")

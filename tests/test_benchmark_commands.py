@@ -94,3 +94,14 @@ def test_flower_deployment_runs_its_simulator_mode():
     assert out.returncode == 0, out.stderr[-2000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("fedgmr simulator, serial"))
     assert float(row.split()[3]) > 0 and row.endswith("1.00x"), out.stdout
+
+
+def test_table1_cells_compares_every_field_but_the_resumed_cells_upload_counts():
+    mod = _module("benchmarks/table1_cells.py")
+    want = [{"time": 1800.0, "accuracy": 0.9, "loss": 0.3, "uploads": 10, "client_uploads": [5, 5]}]
+    same_but_counts = [{**want[0], "client_uploads": [1, 9]}]
+    assert mod._differences(same_but_counts, want) == []
+    assert mod._differences([{**want[0], "loss": 0.30000001}], want) == [
+        "record 0 (time 1800.0): loss 0.30000001 != 0.3"]
+    assert mod._differences([{**want[0], "extra": 1}], want)  # a field only one side has
+    assert mod._differences([], want) == ["0 records against 1"]
