@@ -21,6 +21,7 @@ classes, embedding rows) keep everything.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -157,6 +158,11 @@ class Slice:
     gather: torch.Tensor  # full positions in sub-model order: sub_flat = full_flat[gather]
 
 
+#: slices a :class:`WidthStructure` keeps (every level of a ladder, FjORD's widths, a few
+#: of FedRolex's rolling windows)
+SLICE_CACHE = 32
+
+
 class WidthStructure:
     """Builds and caches width-``r`` sub-models and their slices of the full model.
 
@@ -174,6 +180,7 @@ class WidthStructure:
         self.space = ParamSpace(full)
         self._device = None if device is None else torch.device(device)
         self._models: dict[float, tuple[nn.Module, ParamSpace]] = {}
+        self._slices: OrderedDict[tuple[float, int, str], Slice] = OrderedDict()
 
     @property
     def device(self) -> torch.device:
@@ -193,12 +200,24 @@ class WidthStructure:
         return m, space
 
     def slice(self, rate: float, shift: int = 0) -> Slice:
+        """The width-``rate`` sub-model's slice at window ``shift``: cached (the last
+        :data:`SLICE_CACHE` asked for), since FjORD asks for every allowed width's at
+        every job. A slice is shared: its tensors are not to be changed in place."""
+        key = (float(rate), int(shift), str(self.device))
+        hit = self._slices.get(key)
+        if hit is not None:
+            self._slices.move_to_end(key)
+            return hit
         sub, _ = self.model(rate)
         lists = index_lists(self.full, sub, shift)
         gather = gather_indices(self.space, lists).to(self.device)
         mask = torch.zeros(self.space.numel, dtype=torch.bool, device=gather.device)
         mask[gather] = True
-        return Slice(float(rate), int(shift), mask, gather)
+        out = Slice(float(rate), int(shift), mask, gather)
+        self._slices[key] = out
+        if len(self._slices) > SLICE_CACHE:
+            self._slices.popitem(last=False)  # FedRolex's rolling windows: the oldest shift
+        return out
 
     def slice_from_mask(self, mask: torch.Tensor, rate: float) -> Slice:
         """The slice a structured mask describes (the client side: no shift needed)."""

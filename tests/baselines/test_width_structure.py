@@ -233,3 +233,20 @@ def test_structured_payload_has_no_mask_bits_and_round_trips(structures):
     data = encode_structured(torch.zeros(int(inc.sum())), ws.space.numel, 0.5, 0, lower=0.25)
     mask, _ = decode_structured(data, mask_fn, ws.space.numel)
     assert torch.equal(mask, inc) and len(data) == structured_nbytes(int(inc.sum()))
+
+
+def test_slices_are_cached_per_rate_and_shift_and_the_oldest_shift_goes(structures):
+    from fedgmr.baselines import structure as structure_module
+
+    ws = next(iter(structures.values()))
+    first = ws.slice(0.5, 0)
+    assert ws.slice(0.5, 0) is first  # FjORD asks for it at every job
+    rolled = ws.slice(0.5, 1)
+    assert rolled is not first and not torch.equal(rolled.gather, first.gather)
+    fresh = structure_module.WidthStructure(ws.build, ws.full)  # uncached: the same slice
+    assert torch.equal(fresh.slice(0.5, 1).gather, rolled.gather) and torch.equal(fresh.slice(0.5, 1).mask, rolled.mask)
+    for shift in range(2, 2 + structure_module.SLICE_CACHE):
+        ws.slice(0.5, shift)
+    assert len(ws._slices) == structure_module.SLICE_CACHE
+    assert ws.slice(0.5, 0) is not first  # evicted, then rebuilt equal
+    assert torch.equal(ws.slice(0.5, 0).gather, first.gather)
