@@ -53,23 +53,38 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _selection(only: list[str]) -> dict[str, str]:
-    sel = {"preset": "mnist", "heterogeneity": "high", "partition": "dirichlet", "seed": "0"}
-    for item in only:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--only wants KEY=VALUE, got {item!r}")
-        sel[key] = value
-    return sel
+#: the cell of each method that is rerun unless ``--only`` says otherwise
+DEFAULT_ONLY = {"preset": ["mnist"], "heterogeneity": ["high"], "partition": ["dirichlet"], "seed": ["0"]}
 
 
-def _cell(cells: Path, method: str, sel: dict[str, str]) -> Path:
-    name = (f"preset={sel['preset']},method={method},heterogeneity={sel['heterogeneity']},"
-            f"partition={sel['partition']},seed={sel['seed']}")
-    path = cells / name
-    if not (path / "config.yaml").is_file() or not (path / "metrics.jsonl").is_file():
-        raise SystemExit(f"no recorded cell {path} (config.yaml and metrics.jsonl)")
-    return path
+def _selection(only: list[str]) -> dict[str, list[str]]:
+    """The defaults, with each axis ``--only`` names replaced (the sweep's own parser)."""
+    from fedgmr.errors import ConfigError
+    from fedgmr.experiment.sweep import parse_only
+
+    try:
+        return {**DEFAULT_ONLY, **parse_only(only)}
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _point(cell: Path) -> dict[str, str]:
+    """A cell's axis values, from its name (``preset=mnist,method=fedavg,...``)."""
+    return dict(token.partition("=")[::2] for token in cell.name.split(","))
+
+
+def _cells(cells: Path, methods: list[str], sel: dict[str, list[str]]) -> dict[str, Path]:
+    """Per method, its one recorded cell whose name (``axis=value,...``) matches ``sel``."""
+    found: dict[str, list[Path]] = {m: [] for m in methods}
+    for path in sorted(p for p in cells.iterdir() if (p / "config.yaml").is_file()):
+        point = _point(path)
+        if point.get("method") in found and all(point.get(k) in vs for k, vs in sel.items()):
+            found[point["method"]].append(path)
+    for m, paths in found.items():
+        if len(paths) != 1 or not (paths[0] / "metrics.jsonl").is_file():
+            raise SystemExit(f"{m}: {len(paths)} recorded cells in {cells} match "
+                             f"{', '.join(f'{k}={v}' for k, vs in sel.items() for v in vs)} (need one, with metrics.jsonl)")
+    return {m: paths[0] for m, paths in found.items()}
 
 
 def _records(path: Path) -> list[dict]:
@@ -87,10 +102,10 @@ def _differences(got: list[dict], want: list[dict]) -> list[str]:
     return out
 
 
-def _run(cell: Path, code: str, data: str, preset: str) -> dict:
+def _run(cell: Path, code: str, data: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(code), "FEDGMR_DATA": data}
     env.pop("FEDGMR_TEST_WORKER", None)
-    root = os.path.join(data, "fashion_mnist" if preset == "fashion_mnist" else preset)
+    root = os.path.join(data, _point(cell).get("preset", ""))  # data/mnist, data/fashion_mnist
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -110,17 +125,18 @@ def _run(cell: Path, code: str, data: str, preset: str) -> dict:
 def main() -> None:
     args = parser().parse_args()
     sel = _selection(args.only)
-    cells = {m: _cell(Path(args.cells), m, sel) for m in args.methods}
+    cells = _cells(Path(args.cells), args.methods, sel)
     runs: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
         for m, cell in cells.items():
             for code in args.code:
-                r = _run(cell, code, args.data, sel["preset"])
+                r = _run(cell, code, args.data)
                 runs.setdefault((m, code), []).append(r)
                 print(f"  {m} with {code}: wall {r['wall']:.1f} s, CPU {r['cpu']:.1f} s, "
                       f"{'identical' if not r['diff'] else 'DIFFER'}", file=sys.stderr, flush=True)
     med = statistics.median
-    print(f"cells: {args.cells} ({', '.join(f'{k}={v}' for k, v in sel.items())}); "
+    chosen = ", ".join(f"{k}={','.join(v)}" for k, v in sel.items())
+    print(f"cells: {args.cells} ({chosen}); "
           f"{args.repeats} repeat(s), interleaved, one process per run")
     print(f"{'method':10}{'code':>24}{'wall s':>9}{'CPU s':>9}{'CPU / first':>13}  metrics")
     bad = False

@@ -105,3 +105,22 @@ def test_table1_cells_compares_every_field_but_the_resumed_cells_upload_counts()
         "record 0 (time 1800.0): loss 0.30000001 != 0.3"]
     assert mod._differences([{**want[0], "extra": 1}], want)  # a field only one side has
     assert mod._differences([], want) == ["0 records against 1"]
+
+
+def test_table1_cells_picks_each_methods_one_matching_cell(tmp_path):
+    mod = _module("benchmarks/table1_cells.py")
+    for method in ("fedavg", "fiarse"):
+        for seed in (0, 1):
+            cell = tmp_path / f"preset=mnist,method={method},heterogeneity=high,partition=dirichlet,seed={seed}"
+            cell.mkdir()
+            (cell / "config.yaml").write_text("name: x\n")
+            (cell / "metrics.jsonl").write_text("")
+    picked = mod._cells(tmp_path, ["fiarse", "fedavg"], mod._selection(["seed=1"]))
+    assert {m: p.name for m, p in picked.items()} == {
+        "fiarse": "preset=mnist,method=fiarse,heterogeneity=high,partition=dirichlet,seed=1",
+        "fedavg": "preset=mnist,method=fedavg,heterogeneity=high,partition=dirichlet,seed=1"}
+    assert mod._point(picked["fedavg"])["preset"] == "mnist"
+    with pytest.raises(SystemExit, match="fedavg: 2 recorded cells"):
+        mod._cells(tmp_path, ["fedavg"], mod._selection(["seed=0,1"]))
+    with pytest.raises(SystemExit, match="fjord: 0 recorded cells"):
+        mod._cells(tmp_path, ["fjord"], mod._selection([]))
