@@ -157,6 +157,30 @@ def test_group_labels_name_the_fewest_keys_that_tell_groups_apart(tmp_path: Path
     assert group_labels([[runs[0]], [runs[0]]], ["a", "a"]) == ["a [fedgmr-high]", "a [fedgmr-high]"]
 
 
+def test_a_run_saved_before_a_key_existed_is_a_seed_of_the_same_experiment(tmp_path: Path):
+    """A config saved by a version that predates a key (here training.lr_schedule and
+    local.options) groups with a later run's that writes them at their defaults; the same
+    key at another value is another experiment, labelled by it."""
+    full = resolve_config(tiny_config()).model_dump(mode="json")
+    older = {**full, "training": {k: v for k, v in full["training"].items() if k != "lr_schedule"},
+             "local": {k: v for k, v in full["local"].items() if k != "options"}}
+    stepped = {**full, "training": {**full["training"], "lr_schedule": {**full["training"]["lr_schedule"],
+                                                                          "kind": "step"}}}
+    runs = [make_run(tmp_path / "old-s0", [rec(0, 0.1), rec(10, 0.3)], **{k: v for k, v in older.items()
+                                                                           if k not in ("name", "method", "seed")}),
+            make_run(tmp_path / "new-s1", [rec(0, 0.2), rec(10, 0.5)], seed=1,
+                     **{k: v for k, v in full.items() if k not in ("name", "method", "seed")}),
+            make_run(tmp_path / "step-s0", [rec(0, 0.1), rec(10, 0.2)],
+                     **{k: v for k, v in stepped.items() if k not in ("name", "method", "seed")})]
+    assert group_seeds(runs) == [runs[:2], [runs[2]]]
+    both, step = metric_curves(runs)
+    assert both.label == "fedgmr, kind=constant (mean ± std, 2 seeds)" and both.y.tolist() == [15.0, 40.0]
+    assert step.label == "fedgmr, kind=step"
+    # a config that no longer validates (a method since removed) is completed the same way
+    gone = [make_run(tmp_path / f"gone-s{s}", [rec(0, 0.1)], seed=s, method="no_such_method") for s in (0, 1)]
+    assert group_seeds(gone) == [gone]
+
+
 def test_loss_against_steps(tmp_path: Path):
     run = make_run(tmp_path / "r", [rec(0, 0.25), rec(5, 0.5), rec(5, 0.75)])
     (curve,) = metric_curves([run], x="step", metric="loss")

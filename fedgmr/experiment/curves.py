@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from fedgmr.errors import ConfigError, RunDirError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, experiment_identity, finite_number, flatten_config,
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, experiment_identity, finite_number, flatten_config, with_defaults,
                                       read_metrics, read_run_config)
 from fedgmr.registry import Registry
 
@@ -178,8 +178,10 @@ def group_seeds(run_dirs: Sequence[str | Path]) -> list[list[Path]]:
 
 
 def run_config(run_dir: Path) -> dict[str, Any]:
-    """A run's ``config.yaml`` as dotted keys ({} when it has none or it is unreadable)."""
-    return flatten_config(read_run_config(run_dir) or {})
+    """A run's ``config.yaml`` as dotted keys, keys its version did not write at their
+    defaults ({} when it has none or it is unreadable)."""
+    cfg = read_run_config(run_dir)
+    return flatten_config(with_defaults(cfg)) if cfg else {}
 
 
 def group_labels(groups: Sequence[Sequence[Path]], names: Sequence[str]) -> list[str]:

@@ -428,13 +428,52 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:
     return cfg if isinstance(cfg, dict) else None
 
 
+def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A saved config with every key the current version knows, at its default where the
+    file does not name it. A run written before a key existed saved no value for it, and
+    new keys default to what earlier versions did (the bit-identity checks hold the code to
+    that), so a run of a later version with the key at its default computed the same: both
+    must read as seeds of one experiment. Structural only (no validation, so a config that
+    no longer validates is completed the same way): sections are merged key by key, any
+    other value, a mapping included, is taken as saved."""
+    from pydantic import BaseModel
+
+    from fedgmr.config.experiment import ExperimentConfig
+
+    def merge(section: BaseModel, saved: Any) -> Any:
+        if not isinstance(saved, dict):
+            return saved
+        out = dict(saved)
+        for name in type(section).model_fields:
+            default = getattr(section, name, None)
+            if name not in out:
+                out[name] = (default.model_dump(mode="json", warnings=False) if isinstance(default, BaseModel)
+                             else _json_default(default))
+            elif isinstance(default, BaseModel):
+                out[name] = merge(default, out[name])
+        return out
+
+    return merge(ExperimentConfig.model_construct(), cfg)
+
+
+def _json_default(value: Any) -> Any:
+    """A default as a saved config holds it (tuples as lists, enums as their values)."""
+    from pydantic import TypeAdapter
+
+    try:
+        return TypeAdapter(Any).dump_python(value, mode="json")
+    except Exception:  # an unserialisable default is compared as text, as json.dumps(default=str) would
+        return str(value)
+
+
 def experiment_identity(run_dir: str | Path) -> str | None:
     """What a run computed, seed aside (None when the run has no readable config):
-    runs with the same identity are seeds of one experiment."""
+    runs with the same identity are seeds of one experiment (keys a run's version did not
+    write count at their defaults: :func:`with_defaults`)."""
     cfg = read_run_config(run_dir)
     if cfg is None:
         return None
-    flat = {k: v for k, v in flatten_config(cfg).items() if k not in EXECUTION_KEYS}
+    flat = {k: v for k, v in flatten_config(with_defaults(cfg)).items() if k not in EXECUTION_KEYS}
     flat["clock"] = run_clock(run_dir)  # a Flower run and a simulation of one config are not seeds of one row
     return json.dumps(flat, sort_keys=True, default=str)
 
