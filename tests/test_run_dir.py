@@ -805,3 +805,31 @@ def test_the_environment_records_the_kernel_limits_and_the_processors_isa(monkey
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     expected = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else "avx" if " avx" in flags else None
     assert env["cpu_isa"] == expected
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_environment_names_the_code_commit_and_the_package_files_changed_since(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    """A run's summary says which code computed it: the package version, and for a checkout
+    the commit with the package files that differ from it (P7's cells ran on later commits
+    than P1's and nothing in their records said which)."""
+    import fedgmr
+    from fedgmr.experiment import environment as env_module
+
+    assert env_module.environment()["fedgmr"] == fedgmr.__version__
+    repo = tmp_path / "checkout"
+    (repo / "fedgmr").mkdir(parents=True)
+    (repo / "fedgmr" / "a.py").write_text("x = 1\n")
+    (repo / "docs.md").write_text("d\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(env_module, "SOURCE_ROOT", repo)
+    assert env_module.environment()["source"] == {"commit": head, "modified": []}
+    (repo / "fedgmr" / "a.py").write_text("x = 2\n")
+    (repo / "docs.md").write_text("changed, but not the package\n")
+    (repo / "fedgmr" / "new.py").write_text("untracked\n")
+    assert env_module.source_version() == {"commit": head, "modified": ["fedgmr/a.py"]}
+    monkeypatch.setattr(env_module, "SOURCE_ROOT", tmp_path / "an_installed_wheel")
+    assert "source" not in env_module.environment()

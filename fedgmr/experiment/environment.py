@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,43 @@ def _cpu_isa() -> str | None:
     return None
 
 
+#: the repository that holds the imported package, when it was installed from a checkout
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    """``git -C SOURCE_ROOT args``'s output, or None (no git, not a checkout, an error)."""
+    try:
+        out = subprocess.run(["git", "-C", str(SOURCE_ROOT), *args], capture_output=True, text=True,
+                             timeout=30, check=True, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout
+
+
+def source_version() -> dict[str, Any] | None:
+    """The commit the imported ``fedgmr`` package was checked out at, and the files of the
+    package that differ from it (``modified``, paths relative to the checkout; empty when
+    the code is the commit's). None for an installed wheel, without git, or outside a
+    checkout: the package version (``fedgmr``) is what names the code there."""
+    if not (SOURCE_ROOT / ".git").exists():
+        return None
+    commit = (_git("rev-parse", "HEAD") or "").strip()
+    if not commit:
+        return None
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", "fedgmr")
+    modified = None if status is None else sorted(line[3:] for line in status.splitlines() if len(line) > 3)
+    return {"commit": commit, "modified": modified}
+
+
 def environment(device: str | None = None) -> dict[str, Any]:
-    """Versions, processor, its widest vector extension (``cpu_isa``), torch's CPU kernel
+    """Versions (this package's, and the commit of its checkout: ``source``), processor, its widest vector extension (``cpu_isa``), torch's CPU kernel
     level (``cpu_capability``: ``AVX2``, ``AVX512``, ...) and the variables that limit the
     kernels (``kernel_env``) of this process; ``device`` is the run's resolved device."""
     import numpy
     import torch
+
+    import fedgmr
 
     try:
         capability: str | None = torch.backends.cpu.get_cpu_capability()
@@ -64,7 +96,11 @@ def environment(device: str | None = None) -> dict[str, Any]:
         "platform": f"{sys.platform}-{platform.machine()}", "cpu": _cpu_model(), "cpu_capability": capability,
         "torch_threads": torch.get_num_threads(), "cpu_isa": _cpu_isa(),
         "kernel_env": {k: os.environ[k] for k in KERNEL_VARIABLES if k in os.environ},
+        "fedgmr": fedgmr.__version__,
     }
+    source = source_version()
+    if source is not None:
+        record["source"] = source
     if device is not None:
         record["device"] = device
     return record
