@@ -443,27 +443,17 @@ def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     def merge(section: BaseModel, saved: Any) -> Any:
         if not isinstance(saved, dict):
             return saved
+        defaults = section.model_dump(mode="json", warnings=False)
         out = dict(saved)
-        for name in type(section).model_fields:
-            default = getattr(section, name, None)
+        for name, default in defaults.items():
+            sub = getattr(section, name, None)
             if name not in out:
-                out[name] = (default.model_dump(mode="json", warnings=False) if isinstance(default, BaseModel)
-                             else _json_default(default))
-            elif isinstance(default, BaseModel):
-                out[name] = merge(default, out[name])
+                out[name] = default
+            elif isinstance(sub, BaseModel):
+                out[name] = merge(sub, out[name])
         return out
 
     return merge(ExperimentConfig.model_construct(), cfg)
-
-
-def _json_default(value: Any) -> Any:
-    """A default as a saved config holds it (tuples as lists, enums as their values)."""
-    from pydantic import TypeAdapter
-
-    try:
-        return TypeAdapter(Any).dump_python(value, mode="json")
-    except Exception:  # an unserialisable default is compared as text, as json.dumps(default=str) would
-        return str(value)
 
 
 def experiment_identity(run_dir: str | Path) -> str | None:
