@@ -402,13 +402,30 @@ fedmd, local_only, standalone) are compared by their clients' personal accuracy.
         typer.echo(format_compare(result), nl=False)
 
 
+def _plot_t_star(text: str | None) -> float | None | str:
+    """``fedgmr plot --t-star``: a finite time >= 0, ``none`` (no mark), or, when not given,
+    ``"summaries"`` (the t_star the runs' summaries agree on)."""
+    if text is None:
+        return "summaries"
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"invalid value for '--t-star': a finite time >= 0 or 'none' (got {text!r})")
+    return value
+
+
 @app.command()
 def plot(
     runs: list[Path] = typer.Argument(..., help="run directories, or directories holding runs (a sweep); "
                                       "with --levels, --clients, --classes or --coverage: one run"),
     out: Path = typer.Option(..., "--out", "-o", help="PNG file to write"),
-    t_star: Optional[float] = typer.Option(None, "--t-star", help="mark t* (default: the t_star the runs' "
-                                           "summary.json files agree on; none: no mark)"),
+    t_star: Optional[str] = typer.Option(None, "--t-star", help="mark t* at this virtual time (on a time axis; "
+                                         "default: the t_star the runs' summary.json files agree on); "
+                                         "'none': no mark"),
     x: str = typer.Option("time", "--x", help="x axis: time (s), step, bytes_up or bytes_total (MB up + down), "
                           "wall (wall-clock s: runs that record wall_time, e.g. Flower)"),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy, loss, avg_density, min_coverage, "
@@ -439,8 +456,7 @@ disagree on t* (without --t-star) with code 2."""
                                          plot_metric)
 
     try:
-        if t_star is not None and not (math.isfinite(t_star) and t_star >= 0):
-            raise ConfigError(f"invalid value for '--t-star': must be a finite time >= 0 (got {t_star})")
+        mark = _plot_t_star(t_star)
         check_plot_path(out, "--out")
         single = {"--levels": (levels, plot_levels), "--clients": (clients, plot_clients),
                   "--classes": (classes, plot_classes), "--coverage": (coverage, plot_coverage)}
@@ -462,9 +478,9 @@ disagree on t* (without --t-star) with code 2."""
             dirs = expand_runs(runs)
             if only:
                 dirs = _select_run_dirs(dirs, only)
-            if t_star is None:
-                t_star = summary_t_star(dirs, required=False)
-            plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=t_star)
+            if mark == "summaries":
+                mark = summary_t_star(dirs, required=False)
+            plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=mark)
     except FedGMRError as exc:
         _fail(exc)
         return

@@ -83,3 +83,24 @@ def test_a_damaged_t_star_is_named(tmp_path: Path) -> None:
     a = make_run(tmp_path / "a", "fedgmr", None)
     (a / "summary.json").write_text(json.dumps({"method": "fedgmr", "t_star": "soon"}))
     one_line_error(["compare", str(a)], 3, "summary.json", "t_star")
+
+
+def test_plot_t_star_none_draws_no_mark_even_where_the_summaries_disagree(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--t-star none` (as its help says) draws no mark, whatever the summaries hold; a
+    number marks that time; anything else is a one-line error naming the option."""
+    import fedgmr.experiment.plots as plots
+
+    marks: list[float | None] = []
+    real = plots.plot_metric
+    monkeypatch.setattr(plots, "plot_metric", lambda *a, **kw: (marks.append(kw["t_star"]), real(*a, **kw))[1])
+    a = make_run(tmp_path / "a", "fedgmr", 25.0)
+    b = make_run(tmp_path / "b", "fedavg", 35.0)
+    out = tmp_path / "p.png"
+    for given in ("none", "None", "30"):
+        result = RUNNER.invoke(app, ["plot", str(a), str(b), "--out", str(out), "--t-star", given])
+        assert result.exit_code == 0, result.output
+    assert marks == [None, None, 30.0] and out.read_bytes()[:4] == b"\x89PNG"
+    assert RUNNER.invoke(app, ["plot", str(a), "--out", str(out)]).exit_code == 0 and marks[-1] == 25.0
+    for bad in ("soon", "-1", "nan"):
+        one_line_error(["plot", str(a), "--out", str(out), "--t-star", bad], 2, "--t-star", repr(bad))
