@@ -1,7 +1,7 @@
 """The measured tables in docs/reproduction.md and docs/protocol_results.md are what
-`fedgmr table` prints on the cells kept in the repository under ``measured/``.
+`fedgmr table` (and `fedgmr tiers`) prints on the cells kept in the repository under ``measured/``.
 
-Wherever a page shows a ``fedgmr table measured/...`` command in a ``bash`` block followed
+Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``) command in a ``bash`` block followed
 by an output block, the command is run from the repository root and its output must equal
 the pasted block, character for character: a table edited by hand, or cells changed or
 lost after the table was pasted, fail here.
@@ -22,17 +22,21 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "docs" / "reproduction.md", REPO / "docs" / "protocol_results.md"]
 # the tables over measured/ parse each kept cell once per test process, not once a table
 pytestmark = pytest.mark.usefixtures("measured_read_once")
+#: the commands whose pasted output is a table of runs
+TABLE_COMMANDS = ("fedgmr table ", "fedgmr tiers ")
+TABLE_COMMANDS_ON_MEASURED = tuple(c + "measured/" for c in TABLE_COMMANDS)
 
 
 def pasted_tables(text: str) -> list[tuple[str, str]]:
     """``(command, pasted output)`` for each bash block ending in a ``fedgmr table measured/``
-    line that is followed (after blank lines only) by a plain output block."""
+    (or ``fedgmr tiers measured/``) line that is followed (after blank lines only) by a plain
+    output block."""
     # fences may be indented under a list item: the block's lines carry the same indent
     blocks = list(re.finditer(r"^([ \t]*)```(\w*)\n(.*?)^\1```\n", text, flags=re.M | re.S))
     found = []
     for block, after in zip(blocks, blocks[1:]):
         lines = block.group(3).strip().splitlines()
-        if block.group(2) != "bash" or not lines or not lines[-1].strip().startswith("fedgmr table measured/"):
+        if block.group(2) != "bash" or not lines or not lines[-1].strip().startswith(TABLE_COMMANDS_ON_MEASURED):
             continue
         if after.group(2) == "" and not text[block.end():after.start()].strip():
             indent = after.group(1)
@@ -55,6 +59,8 @@ def test_pasted_tables_are_found_only_after_their_command():
     assert pasted_tables(text) == [("fedgmr table measured/x --t-star 1", "OUT\n")]
     indented = "- a list item:\n\n  ```bash\n  fedgmr table measured/z --t-star 1\n  ```\n\n  ```\n  A\n\n  B\n  ```\n"
     assert pasted_tables(indented) == [("fedgmr table measured/z --t-star 1", "A\n\nB\n")]
+    tiers = "```bash\nfedgmr tiers measured/t --only method=m\n```\n\n```\nT\n```\n"
+    assert pasted_tables(tiers) == [("fedgmr tiers measured/t --only method=m", "T\n")]
 
 
 @pytest.mark.parametrize("cmd,pasted", TABLES, ids=[c for c, _ in TABLES])
@@ -77,7 +83,7 @@ def pasted_tables_anywhere(text: str) -> list[tuple[str, bool]]:
     found = []
     for block, after in zip(blocks, blocks[1:]):
         lines = block.group(3).strip().splitlines()
-        if block.group(2) != "bash" or not lines or not lines[-1].strip().startswith("fedgmr table "):
+        if block.group(2) != "bash" or not lines or not lines[-1].strip().startswith(TABLE_COMMANDS):
             continue
         if after.group(2) == "" and not text[block.end():after.start()].strip():
             before = text[:block.start()].rstrip("\n").splitlines()[-3:]
