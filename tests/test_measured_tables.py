@@ -1,8 +1,10 @@
 """The measured tables in docs/reproduction.md and docs/protocol_results.md are what
-`fedgmr table` (and `fedgmr tiers`) prints on the cells kept in the repository under ``measured/``.
+`fedgmr table` (and `fedgmr tiers`) prints on the cells kept in the repository under
+``measured/``.
 
-Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``) command in a ``bash`` block followed
-by an output block, the command is run from the repository root and its output must equal
+Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``)
+command in a ``bash`` block followed by an output block, the command is run from the
+repository root and its output must equal
 the pasted block, character for character: a table edited by hand, or cells changed or
 lost after the table was pasted, fail here.
 """

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from fedgmr.errors import ConfigError, RunDirError
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, experiment_identity, finite_number, flatten_config, with_defaults,
-                                      read_metrics, read_run_config)
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, experiment_identity, finite_number, flatten_config,
+                                      read_metrics, read_run_config, with_defaults)
 from fedgmr.registry import Registry
 
 #: bytes in one MB on the plots' axes (the unit of ``network.model_size_mb``)

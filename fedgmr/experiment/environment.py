@@ -79,9 +79,10 @@ def source_version() -> dict[str, Any] | None:
 
 
 def environment(device: str | None = None) -> dict[str, Any]:
-    """Versions (this package's, and the commit of its checkout: ``source``), processor, its widest vector extension (``cpu_isa``), torch's CPU kernel
-    level (``cpu_capability``: ``AVX2``, ``AVX512``, ...) and the variables that limit the
-    kernels (``kernel_env``) of this process; ``device`` is the run's resolved device."""
+    """Versions (this package's as ``fedgmr``, and the commit of its checkout as ``source``),
+    processor, its widest vector extension (``cpu_isa``), torch's CPU kernel level
+    (``cpu_capability``: ``AVX2``, ``AVX512``, ...) and the variables that limit the kernels
+    (``kernel_env``) of this process; ``device`` is the run's resolved device."""
     import numpy
     import torch
 
