@@ -873,6 +873,7 @@ def table(
             tables.append(built)
         result = join_t_stars(tables)
         _note_seed_spread(result)
+        _note_identical_rows(result)
         text = render(result, fmt)  # type: ignore[arg-type]
         if out is not None:
             try:
@@ -900,6 +901,28 @@ def _note_seed_spread(result: Any) -> None:
         shown = "; ".join(f"{_label(r)} at {_label(c)}" for r, c in wide[:3])
         typer.echo(f"note: {len(wide)} cell(s) have a seed std above 2 points with fewer than 5 seeds "
                    f"(docs/protocol.md asks for 5 there): {shown}{' ...' if len(wide) > 3 else ''}", err=True)
+
+
+def _note_identical_rows(result: Any) -> None:
+    """Rows whose every cell holds the same seeds with the same values, to the last digit,
+    are almost surely the same training under two names (in Table 1, the +Aux rows of the
+    width baselines that size every tier to its bandwidth, and FedAvg with and without
+    multicast downloads: docs/protocol_results.md). Their comparisons are not separate
+    evidence: say so (stderr; the table is unchanged)."""
+    groups: dict[tuple, list[tuple]] = {}
+    for row in result.rows:
+        cells = [(col, tuple(result.cells[(row, col)]["seeds"]), tuple(result.cells[(row, col)]["acc"]))
+                 for col in result.cols if (row, col) in result.cells]
+        if cells:
+            groups.setdefault(tuple(cells), []).append(row)
+    same = [rows for rows in groups.values() if len(rows) > 1]
+    if same:
+        from fedgmr.experiment.table import _label
+
+        shown = "; ".join(" = ".join(_label(r) for r in rows) for rows in same)
+        typer.echo(f"note: rows with the same value in every seed of every cell, probably the same training "
+                   f"under two names (compare their metrics.jsonl: bytes may differ; their comparisons are not "
+                   f"separate evidence): {shown}", err=True)
 
 
 _UNKNOWN_COMPONENT = re.compile(r"unknown (model|dataset|method|data set|rule|policy)\b")

@@ -185,3 +185,23 @@ def test_wide_seed_spread_is_named_on_stderr(tmp_path: Path):
     result = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "200"])
     assert result.exit_code == 0
     assert "1 cell(s) have a seed std above 2 points with fewer than 5 seeds" in result.output
+
+
+def test_rows_that_are_one_computation_are_named_on_stderr(tmp_path: Path):
+    """Two rows equal in every seed of every column (as heterofl_aux is heterofl_ims in the
+    protocol's Table 1) are named together; a row equal in one column only is not."""
+    for seed in range(3):
+        curve = [0.3 + 0.005 * i + 0.02 * seed for i in range(60)]
+        _run(tmp_path, "heterofl_ims", seed, curve)
+        _run(tmp_path, "heterofl_aux", seed, curve)
+        _run(tmp_path, "fjord", seed, curve[:30] + [a + 0.01 for a in curve[30:]])  # differs after 300 s
+    one = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "150,450"])
+    assert one.exit_code == 0, one.output
+    notes = [ln for ln in one.stderr.splitlines() if "probably the same training" in ln]
+    assert len(notes) == 1 and notes[0].split("evidence): ")[1] in ("heterofl_ims = heterofl_aux",
+                                                                   "heterofl_aux = heterofl_ims"), one.stderr
+    assert "fjord" not in notes[0] and "probably the same training" not in one.stdout
+    # at 150 s alone fjord is the same run as well: all three named as one group
+    early = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "150"])
+    assert sorted(early.stderr.split("evidence): ")[1].strip().split(" = ")) == ["fjord", "heterofl_aux",
+                                                                                   "heterofl_ims"]
