@@ -205,3 +205,32 @@ def test_rows_that_are_one_computation_are_named_on_stderr(tmp_path: Path):
     early = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "150"])
     assert sorted(early.stderr.split("evidence): ")[1].strip().split(" = ")) == ["fjord", "heterofl_aux",
                                                                                    "heterofl_ims"]
+
+
+def test_first_to_target_counts_seed_by_seed(tmp_path: Path):
+    """--target with --paired-against: per seed, who reaches the target first. By hand, the
+    runs evaluated every 10 s and reaching 0.9 at: fedgmr 50, 30, 80 s and never in seed 3;
+    fjord 60, 30 (tie), 40 s and never (tie: neither); fedavg never in seeds 0-2 and 10 s in
+    seed 3 (fedavg has no seed 4, fedgmr's seed 4 is not counted against it)."""
+    def climb(at: float | None) -> list[float]:
+        return [0.95 if at is not None and 10 * i >= at else 0.5 for i in range(30)]
+
+    for seed, (g, f, a) in enumerate(((50, 60, None), (30, 30, None), (80, 40, None), (None, None, 10))):
+        _run(tmp_path, "fedgmr", seed, climb(g))
+        _run(tmp_path, "fjord", seed, climb(f))
+        _run(tmp_path, "fedavg", seed, climb(a))
+    _run(tmp_path, "fedgmr", 4, climb(20))
+    runs = [read_run(p) for p in find_runs([tmp_path])]
+    t = build_table(runs, 100.0, target=0.9, paired_against="fedgmr")
+    from fedgmr.experiment.table import first_to_target
+    ref = t.cells[(("fedgmr",), ())]
+    assert first_to_target(ref, t.cells[(("fjord",), ())]) == (1, 1, 2, 4)
+    assert first_to_target(ref, t.cells[(("fedavg",), ())]) == (3, 1, 0, 4)
+    text = render(t, "md")
+    block = text.split("first to the target, seed by seed, against fedgmr")[1]
+    assert "| fjord    | 1 of 4; row 1; tie 2" in block and "| fedavg   | 3 of 4; row 1" in block
+    csv = render(t, "csv").splitlines()
+    head = csv[0].split(",")
+    fjord = dict(zip(head, next(line for line in csv if line.startswith("fjord")).split(",")))
+    assert (fjord["ref_first"], fjord["row_first"], fjord["first_tie"]) == ("1", "1", "2")
+    assert "first to the target" not in render(build_table(runs, 100.0, target=0.9), "md")  # needs a reference

@@ -632,6 +632,51 @@ def _target_frames(table: Table, fmt: Format) -> list[tuple[str, Any]]:
     return out
 
 
+def first_to_target(ref: dict[str, Any], row: dict[str, Any]) -> tuple[int, int, int, int]:
+    """Seed by seed, who reaches the target first: ``(reference first, row first, tie, n)``
+    over the seeds both cells hold (their ``seeds`` and ``tta``, NaN for never). A seed
+    where one reaches it and the other never does counts for the one; the same time, or
+    neither reaching it, is a tie. Counts, not a test: time to accuracy has no interval."""
+    ref_t = dict(zip(ref["seeds"], ref["tta"]))
+    row_t = dict(zip(row["seeds"], row["tta"]))
+    first = later = tie = 0
+    shared = [s for s in ref_t if s in row_t]
+    for seed in shared:
+        a, b = ref_t[seed], row_t[seed]
+        a, b = (math.inf if math.isnan(a) else a), (math.inf if math.isnan(b) else b)
+        first += a < b
+        later += b < a
+        tie += a == b
+    return first, later, tie, len(shared)
+
+
+FIRST_TITLE = ("first to the target, seed by seed, against {ref}: of the seeds both cells hold, those where "
+               "{ref} reaches it strictly before the row; then the row first and the ties (the same time, or "
+               "neither), when any (counts, not a test)")
+
+
+def _first_frame(table: Table, fmt: Format) -> Any:
+    """:func:`first_to_target` of the reference against each other row, per column."""
+    import pandas as pd
+
+    esc = _latex_escape if fmt == "latex" else (lambda s: s)
+    rows = [r for r in table.rows if r != table.paired_ref]
+    data = []
+    for r in rows:
+        line = []
+        for c in table.cols:
+            ref, cell = table.cells.get((table.paired_ref, c)), table.cells.get((r, c))  # type: ignore[arg-type]
+            first, later, tie, n = first_to_target(ref, cell) if ref and cell else (0, 0, 0, 0)
+            text = f"{first} of {n}" if n else "–"
+            text += f"; row {later}" if later else ""
+            text += f"; tie {tie}" if tie else ""
+            line.append(esc(text))
+        data.append(line)
+    frame = pd.DataFrame(data, index=[esc(_label(r)) for r in rows], columns=[esc(_label(c)) for c in table.cols])
+    frame.index.name = esc(" / ".join(table.row_keys))
+    return frame
+
+
 def caption(table: Table) -> str:
     """What the numbers are, in one paragraph."""
     n = table.seeds_per_cell
@@ -691,6 +736,9 @@ def render(table: Table, fmt: Format = "md") -> str:
             for title, f in _target_frames(table, fmt):
                 parts += ["", f"{title}, target accuracy {100 * table.target:.1f} %: mean over the seeds "
                               "that reached it", "", f.to_markdown()]
+            if table.paired_ref is not None:
+                parts += ["", FIRST_TITLE.format(ref=_label(table.paired_ref)) + f", target accuracy "
+                          f"{100 * table.target:.1f} %", "", _first_frame(table, fmt).to_markdown()]
         return "\n".join(parts) + "\n"
     parts = [f"% {caption(table)}", frame.to_latex(escape=False)]
     if table.paired_ref is not None:
@@ -698,6 +746,9 @@ def render(table: Table, fmt: Format = "md") -> str:
     if table.target is not None:
         for title, f in _target_frames(table, fmt):
             parts += [f"% {title}, target accuracy {100 * table.target:.1f} %", f.to_latex(escape=False)]
+        if table.paired_ref is not None:
+            parts += [f"% {FIRST_TITLE.format(ref=_label(table.paired_ref))}, target accuracy "
+                      f"{100 * table.target:.1f} %", _first_frame(table, fmt).to_latex(escape=False)]
     return "\n".join(parts)
 
 
@@ -721,8 +772,16 @@ def _csv(table: Table) -> str:
             rec.update(target=table.target, time_to_target_mean=float(np.nanmean(cell["tta"]))
                        if not all(math.isnan(t) for t in cell["tta"]) else math.nan,
                        seeds_reaching_target=sum(not math.isnan(t) for t in cell["tta"]))
+            ref = table.cells.get((table.paired_ref, c)) if table.paired_ref is not None else None
+            if ref is not None and r != table.paired_ref:
+                first, later, tie, n = first_to_target(ref, cell)
+                rec.update(ref_first=first, row_first=later, first_tie=tie)
         records.append(rec)
-    return pd.DataFrame(records).to_csv(index=False)
+    frame = pd.DataFrame(records)
+    for counts in ("ref_first", "row_first", "first_tie"):  # counts, empty on the reference's own line
+        if counts in frame:
+            frame[counts] = frame[counts].astype("Int64")
+    return frame.to_csv(index=False)
 
 
 def clipped_windows(runs: Sequence[RunData], t_star: float, span: float | None = None,
