@@ -402,11 +402,8 @@ fedmd, local_only, standalone) are compared by their clients' personal accuracy.
         typer.echo(format_compare(result), nl=False)
 
 
-def _plot_t_star(text: str | None) -> float | None | str:
-    """``fedgmr plot --t-star``: a finite time >= 0, ``none`` (no mark), or, when not given,
-    ``"summaries"`` (the t_star the runs' summaries agree on)."""
-    if text is None:
-        return "summaries"
+def _plot_t_star(text: str) -> float | None:
+    """A given ``fedgmr plot --t-star``: a finite time >= 0, or ``none`` (None: no mark)."""
     if text.strip().lower() == "none":
         return None
     try:
@@ -456,7 +453,7 @@ disagree on t* (without --t-star) with code 2."""
                                          plot_metric)
 
     try:
-        mark = _plot_t_star(t_star)
+        mark = None if t_star is None else _plot_t_star(t_star)
         check_plot_path(out, "--out")
         single = {"--levels": (levels, plot_levels), "--clients": (clients, plot_clients),
                   "--classes": (classes, plot_classes), "--coverage": (coverage, plot_coverage)}
@@ -478,7 +475,7 @@ disagree on t* (without --t-star) with code 2."""
             dirs = expand_runs(runs)
             if only:
                 dirs = _select_run_dirs(dirs, only)
-            if mark == "summaries":
+            if t_star is None:  # not given: the t* the runs' summaries agree on
                 mark = summary_t_star(dirs, required=False)
             plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=mark)
     except FedGMRError as exc:

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 import yaml
@@ -576,26 +576,28 @@ def paired_text(d: PairedDiff, scale: float = 100.0, digits: int = 2) -> str:
             f"{format_p(d.p)} {d.verdict}")
 
 
-def _paired_frame(table: Table, fmt: Format) -> Any:
-    """The seed-paired differences against the reference row, one cell per (row, column)."""
+def _against_reference_frame(table: Table, fmt: Format, text: Callable[[tuple, tuple], str]) -> Any:
+    """One cell per (row, column) for every row but the reference (``--paired-against``):
+    ``text(row, col)``, escaped for ``fmt``."""
     import pandas as pd
 
     esc = _latex_escape if fmt == "latex" else (lambda s: s)
-    scale, digits = _scale_digits(table)
     rows = [r for r in table.rows if r != table.paired_ref]
-    data = []
-    for r in rows:
-        line = []
-        for c in table.cols:
-            cell = table.cells.get((r, c))
-            if cell is None or "paired" not in cell:
-                line.append("–")
-            else:
-                line.append(esc(paired_text(cell["paired"], scale, digits)))
-        data.append(line)
+    data = [[esc(text(r, c)) for c in table.cols] for r in rows]
     frame = pd.DataFrame(data, index=[esc(_label(r)) for r in rows], columns=[esc(_label(c)) for c in table.cols])
     frame.index.name = esc(" / ".join(table.row_keys))
     return frame
+
+
+def _paired_frame(table: Table, fmt: Format) -> Any:
+    """The seed-paired differences against the reference row, one cell per (row, column)."""
+    scale, digits = _scale_digits(table)
+
+    def text(r: tuple, c: tuple) -> str:
+        cell = table.cells.get((r, c))
+        return "–" if cell is None or "paired" not in cell else paired_text(cell["paired"], scale, digits)
+
+    return _against_reference_frame(table, fmt, text)
 
 
 def paired_title(table: Table) -> str:
@@ -657,24 +659,14 @@ FIRST_TITLE = ("first to the target, seed by seed, against {ref}: of the seeds b
 
 def _first_frame(table: Table, fmt: Format) -> Any:
     """:func:`first_to_target` of the reference against each other row, per column."""
-    import pandas as pd
+    def text(r: tuple, c: tuple) -> str:
+        ref, cell = table.cells.get((table.paired_ref, c)), table.cells.get((r, c))  # type: ignore[arg-type]
+        first, later, tie, n = first_to_target(ref, cell) if ref and cell else (0, 0, 0, 0)
+        if not n:
+            return "–"
+        return f"{first} of {n}" + (f"; row {later}" if later else "") + (f"; tie {tie}" if tie else "")
 
-    esc = _latex_escape if fmt == "latex" else (lambda s: s)
-    rows = [r for r in table.rows if r != table.paired_ref]
-    data = []
-    for r in rows:
-        line = []
-        for c in table.cols:
-            ref, cell = table.cells.get((table.paired_ref, c)), table.cells.get((r, c))  # type: ignore[arg-type]
-            first, later, tie, n = first_to_target(ref, cell) if ref and cell else (0, 0, 0, 0)
-            text = f"{first} of {n}" if n else "–"
-            text += f"; row {later}" if later else ""
-            text += f"; tie {tie}" if tie else ""
-            line.append(esc(text))
-        data.append(line)
-    frame = pd.DataFrame(data, index=[esc(_label(r)) for r in rows], columns=[esc(_label(c)) for c in table.cols])
-    frame.index.name = esc(" / ".join(table.row_keys))
-    return frame
+    return _against_reference_frame(table, fmt, text)
 
 
 def caption(table: Table) -> str:
