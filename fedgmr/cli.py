@@ -948,6 +948,9 @@ def evaluate(
     saved: bool = typer.Option(False, "--saved", help="print what --save kept (evaluation.json): no checkpoint, "
                                "data or model needed"),
     imports: list[str] = _import_option("first (the runs' own models, data sets or methods)"),
+    only: list[str] = typer.Option([], "--only", help="evaluate part of the runs: those with one of these values "
+                                   "of a key, as for fedgmr table (--only heterogeneity=high --only "
+                                   "method=fedgmr,fiarse_ims); repeatable"),
 ) -> None:
     """Evaluate each run's saved global model on the test split, in full and per ladder level.
 
@@ -967,7 +970,8 @@ holds no checkpoint."""
     _import_user_code(imports)
     rows = []
     try:
-        for path in find_runs(dirs):
+        paths = find_runs(dirs)
+        for path in _select_run_dirs(paths, only) if only else paths:
             result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
             if saved and not levels:
                 result.levels, result.level_accuracy = [], []

@@ -144,3 +144,22 @@ def test_saved_evaluations_that_are_missing_damaged_or_stale_are_refused_in_one_
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
     proc = fedgmr("evaluate", str(out), "--saved")
     assert proc.returncode != 0 and "was changed after evaluation.json was saved" in proc.stderr
+
+
+def test_only_evaluates_part_of_a_sweep_directory(tmp_path: Path):
+    """`--only KEY=VALUES` keeps the runs of a directory whose config has one of the values,
+    as `fedgmr table --only` does; a value no run has is refused, naming the values there are."""
+    runs = tmp_path / "sweep"
+    for method in ("fedgmr", "fedgmr_wo_gmr"):
+        cfg = tmp_path / f"{method}.yaml"
+        cfg.write_text(yaml.safe_dump({**tiny_config(run={"max_steps": 4, "eval_every": 2}), "method": method}))
+        assert fedgmr("run", str(cfg), "--out", str(runs / method), "-q").returncode == 0
+    assert fedgmr("evaluate", str(runs), "--save").returncode == 0
+    every = fedgmr("evaluate", str(runs), "--saved")
+    assert "| fedgmr " in every.stdout and "| fedgmr_wo_gmr " in every.stdout
+    one = fedgmr("evaluate", str(runs), "--saved", "--only", "method=fedgmr_wo_gmr")
+    assert one.returncode == 0, one.stderr
+    rows = [line for line in one.stdout.splitlines() if line.startswith("| fedgmr")]
+    assert rows == [line for line in every.stdout.splitlines() if line.startswith("| fedgmr_wo_gmr ")]
+    none = fedgmr("evaluate", str(runs), "--saved", "--only", "method=fjord")
+    assert none.returncode != 0 and "no run has fjord" in none.stderr and "fedgmr_wo_gmr" in none.stderr
