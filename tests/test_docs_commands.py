@@ -179,6 +179,11 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             assert (tmp_path / args[args.index("--plot") + 1]).read_bytes()[:4] == b"\x89PNG", where
         return
     elif sub == "evaluate":  # exactly as written, on a tiny finished run made where it names one
+        if "--saved" in args and all(d.startswith("measured/") for d in _positional(args[1:])):
+            proc = run_cli(args, REPO)  # the evaluations kept in the repository (their output: test_measured_tables)
+            assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+            assert "accuracy (%)" in proc.stdout, proc.stdout
+            return
         from conftest import tiny_config
         from fedgmr.experiment.runner import run_experiment
         from fedgmr.methods import resolve_config
@@ -266,7 +271,8 @@ def _fetch_from_local_mirror(args: list[str], tmp_path: Path) -> None:
 
 #: options that take no value
 FLAGS = frozenset({"--json", "--dry-run", "--quiet", "-q", "--overwrite", "--bands", "--no-bands", "--levels",
-                   "--clients", "--classes", "--coverage", "--no-levels"})
+                   "--clients", "--classes", "--coverage", "--no-levels",
+                   "--save", "--saved"})
 
 
 def _positional(args: list[str]) -> list[str]:

@@ -2,8 +2,8 @@
 `fedgmr table` (and `fedgmr tiers`) prints on the cells kept in the repository under
 ``measured/``.
 
-Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``)
-command in a ``bash`` block followed by an output block, the command is run from the
+Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``, or
+``fedgmr evaluate measured/... --saved``) command in a ``bash`` block followed by an output block, the command is run from the
 repository root and its output must equal
 the pasted block, character for character: a table edited by hand, or cells changed or
 lost after the table was pasted, fail here.
@@ -26,7 +26,8 @@ PAGES = [REPO / "docs" / "reproduction.md", REPO / "docs" / "protocol_results.md
 pytestmark = pytest.mark.usefixtures("measured_read_once")
 #: the commands whose pasted output is a table of runs
 TABLE_COMMANDS = ("fedgmr table ", "fedgmr tiers ")
-TABLE_COMMANDS_ON_MEASURED = tuple(c + "measured/" for c in TABLE_COMMANDS)
+#: ... and those re-derived here when they read measured/ (a saved evaluation's table too)
+TABLE_COMMANDS_ON_MEASURED = tuple(c + "measured/" for c in (*TABLE_COMMANDS, "fedgmr evaluate "))
 
 
 def pasted_tables(text: str) -> list[tuple[str, str]]:
@@ -63,6 +64,8 @@ def test_pasted_tables_are_found_only_after_their_command():
     assert pasted_tables(indented) == [("fedgmr table measured/z --t-star 1", "A\n\nB\n")]
     tiers = "```bash\nfedgmr tiers measured/t --only method=m\n```\n\n```\nT\n```\n"
     assert pasted_tables(tiers) == [("fedgmr tiers measured/t --only method=m", "T\n")]
+    saved = "```bash\nfedgmr evaluate measured/e --saved\n```\n\n```\nE\n```\n"
+    assert pasted_tables(saved) == [("fedgmr evaluate measured/e --saved", "E\n")]
 
 
 @pytest.mark.parametrize("cmd,pasted", TABLES, ids=[c for c, _ in TABLES])
