@@ -3,9 +3,9 @@
 ``measured/``.
 
 Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``, or
-``fedgmr evaluate measured/... --saved``) command in a ``bash`` block followed by an output block, the command is run from the
-repository root and its output must equal
-the pasted block, character for character: a table edited by hand, or cells changed or
+``fedgmr evaluate measured/... --saved``) command in a ``bash`` block followed by an output
+block, the command is run from the repository root and its output must equal the pasted
+block, character for character: a table edited by hand, or cells changed or
 lost after the table was pasted, fail here.
 """
 
