@@ -77,10 +77,8 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         check = args + ([] if "--dry-run" in args else ["--dry-run"])
     elif sub == "table":  # exactly as written, on small run directories made where it names them
         dirs = _positional(args[1:])
-        if all(d.startswith("measured/") for d in dirs):  # the cells kept in the repository
-            proc = run_cli(args, REPO)
-            assert proc.returncode == 0, f"{where}\n{proc.stderr}"
-            assert "mean ± sample std (ddof = 1) across seeds" in proc.stdout
+        if _reads_measured(args):
+            assert "mean ± sample std (ddof = 1) across seeds" in _in_repo(args, where)
             return
         for i, d in enumerate(dirs):  # several directories: more seeds of one experiment
             _fake_runs(tmp_path / d, "docs" if len(dirs) > 1 else None, first_seed=2 * i)
@@ -90,8 +88,8 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert f"{2 * len(dirs)} seeds per cell" in proc.stdout
         return
     elif sub == "plot":  # exactly as written, on small run directories made where it names them
-        if all(d.startswith("measured/") for d in _positional(args[1:])):  # the cells kept in the repository,
-            out = args.index("--out") + 1                                   # drawn into tmp_path, not docs/img
+        if _reads_measured(args):  # drawn into tmp_path, not docs/img
+            out = args.index("--out") + 1
             proc = run_cli([*args[:out], str(tmp_path / "p.png"), *args[out + 1:]], REPO)
             assert proc.returncode == 0, f"{where}\n{proc.stderr}"
             assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG", where
@@ -179,10 +177,9 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             assert (tmp_path / args[args.index("--plot") + 1]).read_bytes()[:4] == b"\x89PNG", where
         return
     elif sub == "evaluate":  # exactly as written, on a tiny finished run made where it names one
-        if "--saved" in args and all(d.startswith("measured/") for d in _positional(args[1:])):
-            proc = run_cli(args, REPO)  # the evaluations kept in the repository (their output: test_measured_tables)
-            assert proc.returncode == 0, f"{where}\n{proc.stderr}"
-            assert "accuracy (%)" in proc.stdout, proc.stdout
+        if "--saved" in args and _reads_measured(args):  # the evaluations kept in the cells
+            out = _in_repo(args, where)
+            assert "accuracy (%)" in out, out
             return
         from conftest import tiny_config
         from fedgmr.experiment.runner import run_experiment
@@ -200,10 +197,9 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
         assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout and "@0.5" in proc.stdout, proc.stdout
         return
     elif sub == "tiers":  # exactly as written, on a tiny fixed-time run made where it names one
-        if all(d.startswith("measured/") for d in _positional(args[1:])):  # the cells kept in the repository
-            proc = run_cli(args, REPO)                                     # (their output: test_measured_tables)
-            assert proc.returncode == 0, f"{where}\n{proc.stderr}"
-            assert "uploads/step after" in proc.stdout, proc.stdout
+        if _reads_measured(args):
+            out = _in_repo(args, where)
+            assert "uploads/step after" in out, out
             return
         from conftest import tiny_config
         from fedgmr.experiment.runner import run_experiment
@@ -273,6 +269,19 @@ def _fetch_from_local_mirror(args: list[str], tmp_path: Path) -> None:
 FLAGS = frozenset({"--json", "--dry-run", "--quiet", "-q", "--overwrite", "--bands", "--no-bands", "--levels",
                    "--clients", "--classes", "--coverage", "--no-levels",
                    "--save", "--saved"})
+
+
+def _reads_measured(args: list[str]) -> bool:
+    """The command reads only the cells kept in the repository (``measured/...``)."""
+    return all(d.startswith("measured/") for d in _positional(args[1:]))
+
+
+def _in_repo(args: list[str], where: str) -> str:
+    """Run the command as written from the repository root; its stdout (a pasted table's output
+    itself is compared by test_measured_tables)."""
+    proc = run_cli(args, REPO)
+    assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+    return proc.stdout
 
 
 def _positional(args: list[str]) -> list[str]:
