@@ -27,6 +27,13 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code)
 
 
+def _exclude_option(verb: str) -> Any:
+    """``--exclude``, as ``fedgmr table``, ``plot`` and ``evaluate`` take it."""
+    return typer.Option([], "--exclude", help=f"{verb} without the runs that match every --exclude, each "
+                        "written as for --only (--exclude heterogeneity=medium --exclude partition=iid leaves "
+                        "out one column, Medium IID); repeatable")
+
+
 def _import_option(what: str = "before anything runs") -> Any:
     """The repeatable ``--import`` option of the commands that read configs."""
     return typer.Option([], "--import", metavar="MODULE",
@@ -440,6 +447,7 @@ def plot(
     only: list[str] = typer.Option([], "--only", help="plot part of the runs: those with one of these values of a "
                                    "key, as for fedgmr table (--only heterogeneity=high --only "
                                    "method=fedgmr,fjord_ims); repeatable"),
+    exclude: list[str] = _exclude_option("plot"),
 ) -> None:
     """Plot accuracy (and average density, dashed) or another metric of runs.
 
@@ -468,13 +476,11 @@ disagree on t* (without --t-star) with code 2."""
                 raise ConfigError(f"{flag} plots {what}: drop --metric {metric}")
             if len(runs) != 1:
                 raise ConfigError(f"{flag} plots one run: give one run directory (got {len(runs)})")
-            if only:
-                raise ConfigError(f"{flag} plots one run: drop --only")
+            if only or exclude:
+                raise ConfigError(f"{flag} plots one run: drop --only and --exclude")
             single[flag][1](runs[0], out, x=x)
         else:
-            dirs = expand_runs(runs)
-            if only:
-                dirs = _select_run_dirs(dirs, only)
+            dirs = _select_run_dirs(expand_runs(runs), only, exclude)
             if t_star is None:  # not given: the t* the runs' summaries agree on
                 mark = summary_t_star(dirs, required=False)
             plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=mark)
@@ -484,17 +490,26 @@ disagree on t* (without --t-star) with code 2."""
     typer.echo(str(out))
 
 
-def _select_run_dirs(dirs: list[Path], only: list[str]) -> list[Path]:
-    """The run directories whose config has one of the ``--only`` values of each named key
-    (``fedgmr table``'s selection, on the configs alone); ConfigError when none does."""
+def _select_run_dirs(dirs: list[Path], only: list[str], exclude: list[str] | None = None) -> list[Path]:
+    """The run directories whose config has one of the ``--only`` values of each named key,
+    less those matching every ``--exclude`` (``fedgmr table``'s selection, on the configs
+    alone); ConfigError when none is left."""
     from fedgmr.experiment.sweep import parse_only
     from fedgmr.experiment.table import RunData, read_run_config, select_runs
 
+    if not only and not exclude:
+        return list(dirs)
     runs = [RunData(d, read_run_config(d), [], [], [], [], None) for d in dirs]
-    kept = select_runs(runs, parse_only(only))
+    kept = select_runs(runs, parse_only(only), parse_only(exclude or [], "--exclude"))
     if not kept:
-        raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
+        raise ConfigError(_nothing_left(only, exclude or []))
     return [r.path for r in kept]
+
+
+def _nothing_left(only: list[str], exclude: list[str]) -> str:
+    """The error when ``--only`` and ``--exclude`` leave no run."""
+    asked = " ".join([*(f"--only {o}" for o in only), *(f"--exclude {e}" for e in exclude)])
+    return f"no run is left by {asked}"
 
 
 #: the demo's runs, in the order of its compare table (the first is the method)
@@ -768,6 +783,7 @@ def table(
     only: list[str] = typer.Option([], "--only", help="tabulate part of the runs: those with one of these values "
                                    "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
                                    "repeatable"),
+    exclude: list[str] = _exclude_option("tabulate"),
     metric: Optional[str] = typer.Option(None, "--metric", help=_table_metric_help()),
     paired_against: Optional[str] = typer.Option(None, "--paired-against", help="also print, per cell, the "
                                                  "seed-paired difference of this method's row (or a row label "
@@ -834,10 +850,9 @@ def table(
                                   f"run.level_eval_every)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
-        chosen = parse_only(only)
-        runs = select_runs(runs, chosen)
+        runs = select_runs(runs, parse_only(only), parse_only(exclude, "--exclude"))
         if not runs:
-            raise ConfigError(f"no run has every value asked for by --only {' --only '.join(only)}")
+            raise ConfigError(_nothing_left(only, exclude))
         row_list = [k.strip() for k in rows.split(",") if k.strip()]
         col_list = None if cols is None else [k.strip() for k in cols.split(",") if k.strip()]
         found = None
@@ -951,6 +966,7 @@ def evaluate(
     only: list[str] = typer.Option([], "--only", help="evaluate part of the runs: those with one of these values "
                                    "of a key, as for fedgmr table (--only heterogeneity=high --only "
                                    "method=fedgmr,fiarse_ims); repeatable"),
+    exclude: list[str] = _exclude_option("evaluate"),
 ) -> None:
     """Evaluate each run's saved global model on the test split, in full and per ladder level.
 
@@ -971,7 +987,7 @@ holds no checkpoint."""
     rows = []
     try:
         paths = find_runs(dirs)
-        for path in _select_run_dirs(paths, only) if only else paths:
+        for path in _select_run_dirs(paths, only, exclude):
             result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
             if saved and not levels:
                 result.levels, result.level_accuracy = [], []

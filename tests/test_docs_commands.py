@@ -82,10 +82,15 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             return
         for i, d in enumerate(dirs):  # several directories: more seeds of one experiment
             _fake_runs(tmp_path / d, "docs" if len(dirs) > 1 else None, first_seed=2 * i)
+        dropped = _excluded(args)
+        if dropped:  # runs with every --exclude value beside them: the table must leave them out
+            for d in dirs:
+                _fake_runs(tmp_path / d / "excluded", "docs", overrides=dropped)
         proc = run_cli(args, tmp_path)
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         assert "mean ± sample std (ddof = 1) across seeds" in proc.stdout
         assert f"{2 * len(dirs)} seeds per cell" in proc.stdout
+        assert "method" not in dropped or f"| {dropped['method']} " not in proc.stdout, proc.stdout
         return
     elif sub == "plot":  # exactly as written, on small run directories made where it names them
         if _reads_measured(args):  # drawn into tmp_path, not docs/img
@@ -297,12 +302,25 @@ def _positional(args: list[str]) -> list[str]:
     return out
 
 
-def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0) -> None:
-    """Two seeds of one FedGMR experiment (named after the directory unless ``name``)."""
+#: where `--exclude KEY=VALUE`'s short keys sit in a fake run's config
+_FAKE_KEYS = {"method": ("method",), "heterogeneity": ("clients", "heterogeneity"),
+              "partition": ("data", "partition")}
+
+
+def _excluded(args: list[str]) -> dict[str, str]:
+    """A documented command's ``--exclude KEY=VALUE`` pairs (the first value of each)."""
+    pairs = [args[i + 1].partition("=") for i, a in enumerate(args[:-1]) if a == "--exclude"]
+    return {key: values.split(",")[0] for key, _, values in pairs}
+
+
+def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0,
+               overrides: dict[str, str] | None = None) -> None:
+    """Two seeds of one FedGMR experiment (named after the directory unless ``name``);
+    ``overrides`` sets config keys by their short names (``method``, ``heterogeneity``)."""
     import json
 
     for seed in (first_seed, first_seed + 1):
-        _fake_run(root / f"seed={seed}", name or root.name, seed)
+        _fake_run(root / f"seed={seed}", name or root.name, seed, overrides)
     # as a sweep writes it: each cell's point on the grid (a table's `--rows case` reads it)
     # (a plain `case` axis, and the named case axes the docs' tables use)
     cells = [{"name": f"seed={s}", "point": {"case": "a", "tier": "a", "policy": "a", "seed": s}}
@@ -310,7 +328,7 @@ def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0) -> None
     (root / "sweep.json").write_text(json.dumps({"name": root.name, "cells": cells}))
 
 
-def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
+def _fake_run(d: Path, name: str | None = None, seed: int = 0, overrides: dict[str, str] | None = None) -> None:
     """One FedGMR run evaluated every 10 s up to 3,000 s, with every key `fedgmr plot`
     reads (per-level and per-client accuracy every 100 s)."""
     import json
@@ -322,6 +340,12 @@ def _fake_run(d: Path, name: str | None = None, seed: int = 0) -> None:
            "data": {"partition": "dirichlet", "alpha": 0.6}, "network": {"ims": True},  # keys the tables' --rows/--cols name
            "local": {"algorithm": "sgd", "stragglers": 0.0, "prox_mu": 0.01},
            "submodel": {"layer_costs": None}, "run": {"eval_interval": 10.0}}
+    for key, value in (overrides or {}).items():
+        *parents, leaf = _FAKE_KEYS[key]
+        node = cfg
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"time": float(t), "step": t // 10, "wall_time": t / 100, "accuracy": 0.5 + 0.1 * seed,
              "loss": 1.0, "avg_density": 0.5, "min_coverage": 2, "coverage_min": 1, "pruned_energy_mean": 0.5,

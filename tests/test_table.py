@@ -14,8 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from conftest import scaled
+from fedgmr.cli import app
 from fedgmr.errors import ConfigError
 from fedgmr.experiment.table import build_table, find_runs, read_run, render, select_runs
 
@@ -343,6 +345,46 @@ def test_only_tabulates_the_runs_with_the_listed_values_and_names_what_is_there(
         select_runs(runs, {"heterogeneity": ["hi"]})
     with pytest.raises(ConfigError, match="--only nokey: no config key 'nokey'"):
         select_runs(runs, {"nokey": ["1"]})
+
+
+def test_exclude_leaves_out_the_runs_that_match_all_its_keys(grid: Path):
+    """``exclude``: the runs matching every key of it are left out, after ``only``: one
+    key and value drops those runs; two keys drop their intersection (one column of a
+    grid), two values of one key drop either; a value nothing has is an error naming
+    ``--exclude`` and the values there are."""
+    runs = [read_run(p) for p in find_runs([grid])]
+    assert len(runs) == 12  # fedgmr, fedavg x high, low x seeds 0-2
+
+    def kept(only: dict, exclude: dict) -> list[tuple[str, str, int]]:
+        return sorted((r.config["method"], r.config["clients.heterogeneity"], r.seed)
+                      for r in select_runs(runs, only, exclude))
+
+    assert kept({}, {"heterogeneity": ["low"]}) == kept({"heterogeneity": ["high"]}, {})
+    one_cell = kept({}, {"heterogeneity": ["low"], "method": ["fedavg"]})
+    assert len(one_cell) == 9 and not [k for k in one_cell if k[:2] == ("fedavg", "low")]
+    assert [k for k in one_cell if k[:2] == ("fedgmr", "low")] == [("fedgmr", "low", s) for s in (0, 1, 2)]
+    assert kept({"method": ["fedgmr"]}, {"seed": ["0", "2"]}) == [("fedgmr", "high", 1), ("fedgmr", "low", 1)]
+    assert kept({}, {"method": ["fedgmr", "fedavg"]}) == []
+    with pytest.raises(ConfigError, match=r"--exclude heterogeneity: no run has medium \(values: high, low\)"):
+        select_runs(runs, {}, {"heterogeneity": ["medium"]})
+
+
+def test_cli_table_exclude_drops_one_column_of_the_grid(grid: Path):
+    """``fedgmr table --exclude K=V --exclude K2=V2`` tabulates everything but the runs with
+    both values; leaving nothing is a one-line error naming both options."""
+    result = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--format", "csv",
+                                      "--exclude", "heterogeneity=low", "--exclude", "method=fedavg"])
+    assert result.exit_code == 0, result.stderr
+    frame = pd.read_csv(io.StringIO(result.stdout))
+    assert sorted(zip(frame["method"], frame["clients.heterogeneity"])) == \
+        [("fedavg", "high"), ("fedgmr", "high"), ("fedgmr", "low")]
+    assert set(frame["n_seeds"]) == {3}
+    none = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--only", "heterogeneity=low",
+                                    "--exclude", "heterogeneity=low"])
+    assert none.exit_code == 2
+    assert "no run is left by --only heterogeneity=low --exclude heterogeneity=low" in none.stderr
+    bad = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--exclude", "heterogeneity"])
+    assert bad.exit_code == 2 and "--exclude expects axis=value" in bad.stderr
 
 
 def test_cli_table_only_gives_the_table_of_the_chosen_runs(grid: Path):

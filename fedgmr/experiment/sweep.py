@@ -296,13 +296,14 @@ def expand(spec: SweepSpec, root: Path, max_cells: int | None = MAX_CELLS) -> li
     return cells
 
 
-def parse_only(items: Iterable[str]) -> dict[str, list[str]]:
-    """``--only`` arguments (``heterogeneity=high``, ``seed=0,1``) as axis -> values."""
+def parse_only(items: Iterable[str], flag: str = "--only") -> dict[str, list[str]]:
+    """``--only`` (or ``--exclude``) arguments (``heterogeneity=high``, ``seed=0,1``) as
+    axis -> values; ``flag`` names the option in the error."""
     only: dict[str, list[str]] = {}
     for item in items:
         key, sep, values = item.partition("=")
         if not sep or not key.strip() or not values.strip():
-            raise ConfigError(f"--only expects axis=value[,value...], got '{item}'")
+            raise ConfigError(f"{flag} expects axis=value[,value...], got '{item}'")
         only.setdefault(key.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
     return only
 

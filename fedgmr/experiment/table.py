@@ -205,31 +205,43 @@ def _resolve_key(name: str, keys: Iterable[str]) -> str:
     raise ConfigError(f"'{name}' is ambiguous: {', '.join(matches)}")
 
 
-def select_runs(runs: Sequence[RunData], only: dict[str, list[str]]) -> list[RunData]:
+def select_runs(runs: Sequence[RunData], only: dict[str, list[str]],
+                exclude: dict[str, list[str]] | None = None) -> list[RunData]:
     """The runs whose value of each named key is one of the listed values: ``--only`` of
-    ``fedgmr table`` (``{"heterogeneity": ["high"], "method": ["fjord", "fjord_aux"]}``).
-    Keys are short or dotted config keys, or a sweep's case axis, as for ``--rows``;
-    values as they are written in a sweep's cell names (``high``, ``0.05+0.1``). A run
-    without the key ran with its default. ConfigError naming the values there are, for a
-    key or a value that matches nothing."""
-    if not only:
+    ``fedgmr table`` (``{"heterogeneity": ["high"], "method": ["fjord", "fjord_aux"]}``),
+    less those that match every key of ``exclude`` (``--exclude``: ``{"heterogeneity":
+    ["medium"], "partition": ["iid"]}`` leaves out one column, Medium IID, and keeps Medium
+    non-IID). Keys are short or dotted config keys, or a sweep's case axis, as for
+    ``--rows``; values as they are written in a sweep's cell names (``high``,
+    ``0.05+0.1``). A run without the key ran with its default. ConfigError naming the
+    values there are, for a key or a value that matches nothing."""
+    if not only and not exclude:
         return list(runs)
     from fedgmr.experiment.sweep import _label
 
     defaults = _schema_defaults()
     keys = sorted({k for r in runs for k in r.config} | set(defaults))
-    chosen: list[tuple[str, set[str]]] = []
-    for name, values in only.items():
-        try:
-            key = _resolve_key(name, keys)
-        except ConfigError as exc:
-            raise ConfigError(f"--only {name}: {exc}") from None
-        present = list(dict.fromkeys(_label(r.config.get(key, defaults.get(key))) for r in runs))
-        unknown = [v for v in values if v not in present]
-        if unknown:
-            raise ConfigError(f"--only {name}: no run has {', '.join(unknown)} (values: {', '.join(present)})")
-        chosen.append((key, set(values)))
-    return [r for r in runs if all(_label(r.config.get(k, defaults.get(k))) in vs for k, vs in chosen)]
+
+    def resolve(spec: dict[str, list[str]], flag: str) -> list[tuple[str, set[str]]]:
+        chosen: list[tuple[str, set[str]]] = []
+        for name, values in spec.items():
+            try:
+                key = _resolve_key(name, keys)
+            except ConfigError as exc:
+                raise ConfigError(f"{flag} {name}: {exc}") from None
+            present = list(dict.fromkeys(_label(r.config.get(key, defaults.get(key))) for r in runs))
+            unknown = [v for v in values if v not in present]
+            if unknown:
+                raise ConfigError(f"{flag} {name}: no run has {', '.join(unknown)} (values: {', '.join(present)})")
+            chosen.append((key, set(values)))
+        return chosen
+
+    def matches(run: RunData, chosen: list[tuple[str, set[str]]]) -> bool:
+        return all(_label(run.config.get(k, defaults.get(k))) in vs for k, vs in chosen)
+
+    kept_by = resolve(only, "--only")
+    dropped_by = resolve(exclude or {}, "--exclude")
+    return [r for r in runs if matches(r, kept_by) and not (dropped_by and matches(r, dropped_by))]
 
 
 def _determined(key: str, by: Sequence[str], runs: Sequence[RunData]) -> bool:
