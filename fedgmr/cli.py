@@ -1014,6 +1014,7 @@ def tiers(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories: the seeds of one configuration"),
     only: list[str] = typer.Option([], "--only", help="read part of the runs: those with one of these values of a "
                                    "key (--only method=fedgmr_fixed_time); repeatable"),
+    exclude: list[str] = _exclude_option("read"),
     fmt: str = typer.Option("md", "--format", "-f", help="md or csv"),
 ) -> None:
     """Participation per bandwidth tier: density, MB per model and uploads per step, before \
@@ -1032,7 +1033,7 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
         _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
         return
     try:
-        runs = select_runs([read_run(p) for p in find_runs(dirs)], parse_only(only))
+        runs = select_runs([read_run(p) for p in find_runs(dirs)], parse_only(only), parse_only(exclude, "--exclude"))
         per_run, configs = [], []
         for run in runs:
             flat = run.config
@@ -1041,7 +1042,7 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
             per_run.append(tier_participation(records, tiers_of, float(flat["network.model_size_mb"])))
             configs.append({k: v for k, v in flat.items() if k not in EXECUTION_KEYS})
         if not per_run:
-            raise ConfigError("no run matches" + (f" --only {' '.join(only)}" if only else ""))
+            raise ConfigError(_nothing_left(only, exclude) if only or exclude else "no run found")
         differ = sorted(k for k in set().union(*configs) if len({repr(c.get(k)) for c in configs}) > 1)
         if differ:
             raise ConfigError(f"the runs are not seeds of one configuration (they differ in {', '.join(differ[:5])}"
