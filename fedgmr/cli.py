@@ -28,7 +28,7 @@ def _fail(exc: Exception) -> None:
 
 
 def _exclude_option(verb: str) -> Any:
-    """``--exclude``, as ``fedgmr table``, ``plot`` and ``evaluate`` take it."""
+    """``--exclude``, as ``fedgmr table``, ``plot``, ``evaluate`` and ``tiers`` take it."""
     return typer.Option([], "--exclude", help=f"{verb} without the runs that match every --exclude, each "
                         "written as for --only (--exclude heterogeneity=medium --exclude partition=iid leaves "
                         "out one column, Medium IID); repeatable")
@@ -494,22 +494,25 @@ def _select_run_dirs(dirs: list[Path], only: list[str], exclude: list[str] | Non
     """The run directories whose config has one of the ``--only`` values of each named key,
     less those matching every ``--exclude`` (``fedgmr table``'s selection, on the configs
     alone); ConfigError when none is left."""
-    from fedgmr.experiment.sweep import parse_only
-    from fedgmr.experiment.table import RunData, read_run_config, select_runs
+    from fedgmr.experiment.table import RunData, read_run_config
 
     if not only and not exclude:
         return list(dirs)
     runs = [RunData(d, read_run_config(d), [], [], [], [], None) for d in dirs]
-    kept = select_runs(runs, parse_only(only), parse_only(exclude or [], "--exclude"))
+    return [r.path for r in _select(runs, only, exclude or [])]
+
+
+def _select(runs: list[Any], only: list[str], exclude: list[str]) -> list[Any]:
+    """The runs ``--only`` keeps and ``--exclude`` does not drop (``select_runs``);
+    ConfigError naming both options when none is left."""
+    from fedgmr.experiment.sweep import parse_only
+    from fedgmr.experiment.table import select_runs
+
+    kept = select_runs(runs, parse_only(only), parse_only(exclude, "--exclude"))
     if not kept:
-        raise ConfigError(_nothing_left(only, exclude or []))
-    return [r.path for r in kept]
-
-
-def _nothing_left(only: list[str], exclude: list[str]) -> str:
-    """The error when ``--only`` and ``--exclude`` leave no run."""
-    asked = " ".join([*(f"--only {o}" for o in only), *(f"--exclude {e}" for e in exclude)])
-    return f"no run is left by {asked}"
+        asked = " ".join([*(f"--only {o}" for o in only), *(f"--exclude {e}" for e in exclude)])
+        raise ConfigError(f"no run is left by {asked}" if asked else "no finished run found")
+    return kept
 
 
 #: the demo's runs, in the order of its compare table (the first is the method)
@@ -799,9 +802,8 @@ def table(
 ) -> None:
     """Acc@t* tables across seeds: mean ± std per cell, best bold, an MRI row, paired tests."""
     from fedgmr.experiment.metrics import TABLE_METRICS, MissingMetricError, default_metric
-    from fedgmr.experiment.sweep import parse_only
     from fedgmr.experiment.table import (auto_t_star, build_table, clipped_windows, find_runs, join_t_stars,
-                                         read_run, render, select_runs)
+                                         read_run, render)
 
     try:
         tokens = [t.strip() for t in t_star.split(",") if t.strip()]
@@ -850,9 +852,7 @@ def table(
                                   f"run.level_eval_every)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
-        runs = select_runs(runs, parse_only(only), parse_only(exclude, "--exclude"))
-        if not runs:
-            raise ConfigError(_nothing_left(only, exclude))
+        runs = _select(runs, only, exclude)
         row_list = [k.strip() for k in rows.split(",") if k.strip()]
         col_list = None if cols is None else [k.strip() for k in cols.split(",") if k.strip()]
         found = None
@@ -1024,8 +1024,7 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
     import pandas as pd
 
     from fedgmr.experiment.metrics import EXECUTION_KEYS, read_run_metrics
-    from fedgmr.experiment.sweep import parse_only
-    from fedgmr.experiment.table import find_runs, read_run, select_runs
+    from fedgmr.experiment.table import find_runs, read_run
     from fedgmr.experiment.tiers import mean_rows, tier_participation
     from fedgmr.sim.network import tier_densities
 
@@ -1033,7 +1032,7 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
         _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
         return
     try:
-        runs = select_runs([read_run(p) for p in find_runs(dirs)], parse_only(only), parse_only(exclude, "--exclude"))
+        runs = _select([read_run(p) for p in find_runs(dirs)], only, exclude)
         per_run, configs = [], []
         for run in runs:
             flat = run.config
@@ -1041,8 +1040,6 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
             tiers_of = tier_densities(flat["clients.heterogeneity"], int(flat["clients.num_clients"]))
             per_run.append(tier_participation(records, tiers_of, float(flat["network.model_size_mb"])))
             configs.append({k: v for k, v in flat.items() if k not in EXECUTION_KEYS})
-        if not per_run:
-            raise ConfigError(_nothing_left(only, exclude) if only or exclude else "no run found")
         differ = sorted(k for k in set().union(*configs) if len({repr(c.get(k)) for c in configs}) > 1)
         if differ:
             raise ConfigError(f"the runs are not seeds of one configuration (they differ in {', '.join(differ[:5])}"
