@@ -316,6 +316,30 @@ def test_many_curves_get_distinct_colours():
     assert many[0] == "#1f77b4" and many[10] == "#aec7e8"  # tab20: the dark shades first, then the light ones
 
 
+def test_a_long_title_is_wrapped_and_leaves_the_figure_its_width(tmp_path: Path):
+    """Seven seed-band labels make a title wider than the axes; unwrapped, the saved figure
+    (cut to its contents) grew to fit it and the axes became a strip in its middle. Wrapped,
+    the figure is as wide as with a short title, and every word of the title is kept."""
+    from PIL import Image
+
+    from fedgmr.experiment.plots import Curve, default_title, draw_curves, wrap_title
+
+    labels = [f"method_{i}_ims (mean ± std, 3 seeds)" for i in range(7)]
+    title = default_title(labels)
+    assert len(title) > 150
+    wrapped = wrap_title(title)
+    assert wrapped.split() == title.split() and all(len(line) <= 80 for line in wrapped.splitlines())
+    assert wrap_title("test accuracy: fedgmr vs fedavg") == "test accuracy: fedgmr vs fedavg"
+    x = np.linspace(0, 100, 11)
+    curves = [Curve(label, x, x * 0.5 + i) for i, label in enumerate(labels)]
+    widths = {}
+    for name, t in (("short", "test accuracy"), ("long", title)):
+        draw_curves(curves, tmp_path / f"{name}.png", "virtual time (s)", "test accuracy (%)", title=t)
+        with Image.open(tmp_path / f"{name}.png") as img:
+            widths[name] = img.size[0]
+    assert widths["long"] <= widths["short"] * 1.02, widths
+
+
 def test_plot_only_draws_the_runs_with_the_values_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--only`` selects runs as ``fedgmr table --only`` does: by a config key's value,
     short names allowed, values comma-separated, several keys all required."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import os
+import textwrap
 
 import numpy as np
 
@@ -151,8 +152,19 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
     else:
         ax.legend(handles, labels, loc=legend_loc, fontsize=8)
     if title:
-        ax.set_title(title)
+        ax.set_title(wrap_title(title))
     return _save(fig, path)
+
+
+#: characters per title line: about the width of the 7.5-inch axes at the title's font size
+TITLE_WIDTH = 80
+
+
+def wrap_title(title: str, width: int = TITLE_WIDTH) -> str:
+    """``title`` broken into lines of at most ``width`` characters (a longer word stays
+    whole): a title wider than the axes would otherwise widen the saved figure (it is cut
+    to its contents) and leave the axes a narrow strip in the middle."""
+    return "\n".join(textwrap.wrap(title, width=width, break_long_words=False, break_on_hyphens=False)) or title
 
 
 def _save(fig: Any, path: str | Path) -> Path:
