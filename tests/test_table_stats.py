@@ -187,6 +187,24 @@ def test_wide_seed_spread_is_named_on_stderr(tmp_path: Path):
     assert "1 cell(s) have a seed std above 2 points with fewer than 5 seeds" in result.output
 
 
+def test_every_wide_cell_is_named_with_its_std(tmp_path: Path):
+    """Four methods, three with a seed std above 2 points at both of two t*: all six cells
+    are named (none cut off), each with its std and seed count; the narrow method is not."""
+    spreads = {"fedavg": (0.80, 0.86, 0.83), "fjord": (0.70, 0.75, 0.72), "fiarse": (0.60, 0.66, 0.62),
+               "fedgmr": (0.90, 0.905, 0.91)}
+    for method, accs in spreads.items():
+        for seed, a in enumerate(accs):
+            _run(tmp_path, method, seed, [a] * 60)
+    result = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "200,300"])
+    assert result.exit_code == 0, result.output
+    note = result.stderr.split("asks for 5 there):\n", 1)[1].splitlines()
+    named = [ln for ln in note if ln.startswith("  ")]
+    assert len(named) == 6 and "6 cell(s)" in result.stderr
+    assert "  fedavg at t* = 200 s: std 3.00 points, 3 seeds" in named
+    assert "  fiarse at t* = 300 s: std 3.06 points, 3 seeds" in named
+    assert not any(ln.startswith("  fedgmr") for ln in named)
+
+
 def test_rows_that_are_one_computation_are_named_on_stderr(tmp_path: Path):
     """Two rows equal in every seed of every column (as heterofl_aux is heterofl_ims in the
     protocol's Table 1) are named together; a row equal in one column only is not."""
