@@ -126,3 +126,64 @@ def test_every_pasted_table_reads_cells_the_repository_holds():
             if absent and not labelled:
                 missing.append(f"{doc.relative_to(REPO)}: {cmd} (absent: {', '.join(absent)})")
     assert not missing, "pasted tables read directories the repository does not hold:\n" + "\n".join(missing)
+
+
+#: the heading of protocol_results.md's summary of verdicts, a grid of words read off one paired table
+VERDICT_GRID = "## Verdicts so far"
+
+
+def verdict_grid(section: str) -> dict[str, list[str]]:
+    """``{method: [verdict, ...]}`` from a summary grid's rows (``| `m` (= `n`) | a / b | ... | counts |``):
+    each row's methods (a duplicate named in ``(= ...)`` too) with its verdict words in column order,
+    the last column (the counts) left out."""
+    grid = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        words = [w.strip("* ") for cell in cells[1:-1] for w in cell.split(" / ")]
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            grid[name] = words
+    return grid
+
+
+def paired_verdicts(output: str) -> dict[str, list[str]]:
+    """``{method: [verdict, ...]}``: the last word of each cell of the seed-paired table that
+    ``fedgmr table --paired-against`` prints after its Acc@t* table."""
+    paired = output.split("Seed-paired differences", 1)[1]
+    rows = {}
+    for line in paired.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] not in ("method",) and not cells[0].startswith(":"):
+            rows[cells[0]] = [c.split()[-1] for c in cells[1:]]
+    return rows
+
+
+def test_verdict_grid_helpers_read_rows_and_duplicates():
+    section = ("| row | A | B | of 4 |\n|---|---|---|---|\n| `x` (= `y`) | ahead / **behind** | level / level | n |\n")
+    assert verdict_grid(section) == {"x": ["ahead", "behind", "level", "level"],
+                                     "y": ["ahead", "behind", "level", "level"]}
+    out = ("Acc table\n\nSeed-paired differences against m: ...\n\n| method | c1 | c2 |\n|:--|:--|:--|\n"
+           "| x | +1.00 [+0.50, +1.50] p=0.010 ahead | -0.10 [-1.00, +0.80] p=0.700 level |\n")
+    assert paired_verdicts(out) == {"x": ["ahead", "level"]}
+
+
+def test_the_verdict_grid_is_the_paired_table_it_summarises():
+    """protocol_results.md's grid of verdicts (FedGMR against each row, column by column, at
+    both readings) is typed by hand: every word of it must be the verdict the paired table
+    pasted below it prints (that table is itself re-derived from the cells above), and every
+    row of that table must be in the grid."""
+    text = (REPO / "docs" / "protocol_results.md").read_text(encoding="utf-8")
+    start = text.index(VERDICT_GRID)
+    section = text[start:text.index("\n## ", start + 1)]
+    (cmd, output), = [t for t in pasted_tables(section) if "--paired-against fedgmr" in t[0]]
+    grid, paired = verdict_grid(section.split("```bash", 1)[0]), paired_verdicts(output)
+    assert set(grid) == set(paired), (sorted(set(grid) ^ set(paired)), cmd)
+    wrong = {m: (grid[m], paired[m]) for m in grid if grid[m] != paired[m]}
+    assert not wrong, wrong
+    for line in section.split("```bash", 1)[0].splitlines():  # the last column counts the row's words
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            words = grid[re.findall(r"`([^`]+)`", cells[0])[0]]
+            counts = ", ".join(f"{words.count(v)} {v}" for v in ("ahead", "level", "behind") if v in words)
+            assert cells[-1] == counts, line
