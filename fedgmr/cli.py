@@ -110,6 +110,9 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar (on a terminal) and no progress "
                                "lines (otherwise: every $FEDGMR_PROGRESS_EVERY seconds, default 30, on stderr)"),
     imports: list[str] = _import_option("before the config is read (also with --resume)"),
+    blind: bool = typer.Option(False, "--blind", help="show no test accuracy (progress bar or lines, the last "
+                               "line): for a run of a protocol's grid, read only when the grid is complete; "
+                               "what is recorded does not change"),
 ) -> None:
     """Run one experiment and write its directory.
 
@@ -157,14 +160,15 @@ interrupted.
         from fedgmr.experiment.runner import run_experiment
 
         summary = run_experiment(cfg, target, resume=resume is not None, progress=bar, overwrite=overwrite,
-                                 progress_every=every)
+                                 progress_every=every, show_accuracy=not blind)
     except FedGMRError as exc:
         _fail(exc)
         return
     except KeyboardInterrupt:
         typer.echo(_interrupted_message(cfg, target), err=True)
         raise typer.Exit(130)
-    typer.echo(f"{summary['method']}: {final_result(summary)} at t={summary['time']:,.1f}s after "
+    result = "finished" if blind else final_result(summary)
+    typer.echo(f"{summary['method']}: {result} at t={summary['time']:,.1f}s after "
                f"{summary['steps']} steps ({summary['wall_time_s']:.1f}s wall) -> {target}")
     rejected = summary.get("rejected_updates") or 0
     if rejected:
@@ -647,6 +651,9 @@ def sweep(
                                    "repeatable; the cells keep their names, so a later full pass skips them"),
     max_cells: int = typer.Option(10_000, "--max-cells", min=1, help="refuse a grid of more cells than this, "
                                   "counted before any cell is made (a typo'd axis can make millions)"),
+    blind: bool = typer.Option(False, "--blind", help="show no test accuracy: not in the progress lines, not in "
+                               "the cells' logs (each runs as fedgmr run --blind); for a protocol's grid, read "
+                               "only when complete (docs/protocol.md); what is recorded does not change"),
 ) -> None:
     """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
     from fedgmr.experiment.interrupt import sigterm_as_interrupt
@@ -679,11 +686,11 @@ def sweep(
             for gap in dict.fromkeys(lacking):
                 typer.echo(f"note: {lacking.count(gap)} cell(s) cannot run without their data: {gap}", err=True)
             return
-        display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress())
+        display = _SweepDisplay(enabled=not quiet, live=sys.stderr.isatty() or _force_progress(), blind=blind)
         with display, sigterm_as_interrupt():  # `kill`, SLURM's scancel: stop as Ctrl-C does
             outcome = run_sweep(spec, Path(sweep_file), root, out, jobs=jobs, executor=executor,  # type: ignore
                                 ray_address=ray_address, on_event=display.event, only=chosen,
-                                max_cells=max_cells)
+                                max_cells=max_cells, blind=blind)
     except FedGMRError as exc:
         _fail(exc)
         return
@@ -707,10 +714,12 @@ def sweep(
 
 class _SweepDisplay:
     """One progress display for a whole sweep: a rich bar on a terminal, else a line per
-    finished cell (so logs under nohup, SLURM or CI show progress)."""
+    finished cell (so logs under nohup, SLURM or CI show progress); ``blind``: without the
+    cells' accuracy."""
 
-    def __init__(self, enabled: bool, live: bool) -> None:
+    def __init__(self, enabled: bool, live: bool, blind: bool = False) -> None:
         self.enabled, self.live, self.bar, self.task = enabled, live and enabled, None, None
+        self.blind = blind
         self.running: set[str] = set()
 
     def __enter__(self) -> "_SweepDisplay":
@@ -747,7 +756,7 @@ class _SweepDisplay:
         line = f"[{finished}/{total}] {what:15s} {cell.name}"
         if kind == "fail":
             line += f": {cell.error}"
-        elif acc is not None:
+        elif acc is not None and not self.blind:
             line += f"  acc {100 * acc:.2f}%"
         typer.echo(line, err=True)
 

@@ -86,3 +86,21 @@ def test_a_bad_interval_is_one_line_and_exit_code_2(tmp_path: Path, monkeypatch)
         assert result.exit_code == 2, result.output
         assert result.stderr.count("\n") == 1 and "FEDGMR_PROGRESS_EVERY" in result.stderr
         assert not (tmp_path / "r").exists()
+
+
+def test_blind_progress_lines_and_last_line_show_no_accuracy(tmp_path: Path, monkeypatch) -> None:
+    """``fedgmr run --blind``: the same progress lines without their ``acc=`` field and a last
+    line that says ``finished``; the records are the plain run's, byte for byte."""
+    cfg = _config(tmp_path)
+    monkeypatch.setenv("FEDGMR_PROGRESS_EVERY", "1e-9")
+    monkeypatch.delenv("FEDGMR_PROGRESS", raising=False)
+    runner = CliRunner()
+    blind = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "blind"), "--blind"])
+    plain = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "plain")])
+    assert blind.exit_code == 0 and plain.exit_code == 0, blind.output + plain.output
+    lines = [ln for ln in blind.stderr.splitlines() if ln.startswith("progress:")]
+    unblind = re.compile(LINE.pattern.replace(r"acc=(?P<acc>[\d.]+%|n/a) ", ""))
+    assert len(lines) >= STEPS // 2 and all(unblind.match(ln) for ln in lines), lines
+    assert "acc" not in blind.stderr and "accuracy" not in blind.stdout
+    assert "finished at t=" in blind.stdout and "final accuracy" in plain.stdout
+    assert (tmp_path / "blind" / "metrics.jsonl").read_bytes() == (tmp_path / "plain" / "metrics.jsonl").read_bytes()

@@ -144,6 +144,37 @@ def test_sweep_runs_every_cell_and_a_rerun_redoes_nothing(tmp_path: Path):
     assert stamps == {c: (out / c / "summary.json").stat().st_mtime_ns for c in stamps}
 
 
+def test_a_blind_sweep_shows_no_accuracy_and_records_the_same(tmp_path: Path):
+    """``--blind`` (a protocol's grid, read only when complete): the progress lines and each
+    cell's log carry no accuracy, on the first pass and on a rerun that skips the cells; the
+    runs' records are byte for byte those of the same sweep run plainly."""
+    sweep = _sweep_file(tmp_path, {"seed": [0, 1]})
+    blind, plain = tmp_path / "blind", tmp_path / "plain"
+    first = _fedgmr("sweep", str(sweep), "--out", str(blind), "--jobs", "2", "--blind")
+    assert first.returncode == 0, first.stderr
+    done = [ln for ln in first.stderr.splitlines() if "] done" in ln]
+    assert len(done) == 2 and not [ln for ln in done if "acc" in ln], first.stderr
+    shown = _fedgmr("sweep", str(sweep), "--out", str(plain), "--jobs", "2")
+    assert shown.returncode == 0, shown.stderr
+    for name in ("seed=0", "seed=1"):
+        assert (blind / name / "metrics.jsonl").read_bytes() == (plain / name / "metrics.jsonl").read_bytes()
+        log = (blind / "logs" / f"{name}.log").read_text()
+        assert "finished at t=" in log and "accuracy" not in log, log
+        assert "final accuracy" in (plain / "logs" / f"{name}.log").read_text()
+    rerun = run_cli_lines("sweep", str(sweep), "--out", str(blind), "--blind")
+    plain_rerun = run_cli_lines("sweep", str(sweep), "--out", str(plain))
+    assert [ln for ln in rerun if "skipped (done)" in ln] and not [ln for ln in rerun if "acc" in ln], rerun
+    assert [ln for ln in plain_rerun if "skipped (done)" in ln and "acc " in ln], plain_rerun
+
+
+def run_cli_lines(*args: str) -> list[str]:
+    """stderr lines of ``fedgmr ARGS`` run in this process (a rerun of finished cells starts
+    no process); off a terminal the sweep prints a line per cell."""
+    proc = fedgmr_in_process(*args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr.splitlines()
+
+
 @pytest.mark.slow
 def test_a_table_groups_a_sweep_by_its_cases(tmp_path: Path):
     """`--rows case` reads each cell's case from sweep.json - also from an index written

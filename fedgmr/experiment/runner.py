@@ -93,11 +93,13 @@ def _read_saved_config(path: Path) -> dict[str, Any]:
 class _Progress:
     """Progress over server steps or virtual time: a rich bar (``enabled``), or a plain
     line on stderr every ``every`` seconds of wall time and at the end (for logs: nohup,
-    SLURM, CI), or nothing."""
+    SLURM, CI), or nothing. ``show_accuracy`` False (a blind run): neither shows the test
+    accuracy."""
 
     def __init__(self, cfg: ExperimentConfig, enabled: bool, every: float | None = None,
-                 wall_start: float | None = None) -> None:
+                 wall_start: float | None = None, show_accuracy: bool = True) -> None:
         self.enabled = enabled
+        self.show_accuracy = show_accuracy
         #: ``time.perf_counter()`` at which the run's wall time (``wall_time_s``) starts, earlier
         #: runs of a resumed one included: the lines' ``elapsed=`` is that same figure
         self.wall_start = wall_start
@@ -128,7 +130,7 @@ class _Progress:
         done = sim.step if self.by_steps else min(sim.now, self.total)
         if self.bar:
             info = f"step {sim.step}  t={sim.now:,.0f}s  density {sum(sim.strategy.densities()) / sim.strategy.num_clients:.2f}"
-            if acc is not None:
+            if acc is not None and self.show_accuracy:
                 info += f"  acc {100 * acc:.1f}%"
             self.bar.update(self.task, completed=done, info=info)
         elif self.every is not None:
@@ -151,7 +153,8 @@ class _Progress:
         step = f"{sim.step}/{self.total:.0f}" if self.by_steps else f"{sim.step}"
         vtime = f"{sim.now:.1f}s" if self.by_steps else f"{sim.now:.1f}/{self.total:.0f}s"
         dens = sum(sim.strategy.densities()) / sim.strategy.num_clients
-        print(f"progress: step={step} virtual_time={vtime} acc={'n/a' if acc is None else f'{100 * acc:.2f}%'} "
+        shown = "" if not self.show_accuracy else f"acc={'n/a' if acc is None else f'{100 * acc:.2f}%'} "
+        print(f"progress: step={step} virtual_time={vtime} {shown}"
               f"avg_density={dens:.3f} restorations={sim.strategy.ladder.restorations} elapsed={_hms(elapsed)} "
               f"eta={eta}", file=sys.stderr, flush=True)
 
@@ -319,11 +322,14 @@ def _failure(sim: Simulator, limit: int) -> str | None:
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = False, progress: bool = False,
                    overwrite: bool = False, data: FederatedData | None = None,
-                   stop_after_steps: int | None = None, progress_every: float | None = None) -> dict[str, Any]:
+                   stop_after_steps: int | None = None, progress_every: float | None = None,
+                   show_accuracy: bool = True) -> dict[str, Any]:
     """Run ``cfg`` into ``out_dir`` and return the summary.
 
     ``progress`` shows a rich progress bar; otherwise ``progress_every`` prints a plain
     progress line to stderr every that many seconds of wall time (and one at the end).
+    ``show_accuracy`` False: neither shows the test accuracy (a blind run, ``fedgmr run
+    --blind``); what is recorded does not change.
 
     ``resume`` continues from ``out_dir/checkpoint``; ``cfg`` must be the run's saved
     config (:func:`saved_config`). Metrics written after that checkpoint are discarded
@@ -345,7 +351,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
     try:
         with RunLoggers(cfg, out) as loggers:  # closed however the run ends
             return _run_locked(cfg, out, resume, progress, overwrite, data, stop_after_steps,
-                               progress_every=progress_every, loggers=loggers)
+                               progress_every=progress_every, loggers=loggers, show_accuracy=show_accuracy)
     except BaseException:
         if created:  # e.g. the data failed to load: leave no empty run directory behind
             _discard_if_unused(out)
@@ -356,7 +362,8 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, resume: bool = Fa
 
 def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, overwrite: bool,
                 data: FederatedData | None, stop_after_steps: int | None,
-                progress_every: float | None = None, loggers: RunLoggers | None = None) -> dict[str, Any]:
+                progress_every: float | None = None, loggers: RunLoggers | None = None,
+                show_accuracy: bool = True) -> dict[str, Any]:
     metrics_path = out / METRICS_FILE
     digest = config_digest(cfg)
     ckpt = None
@@ -461,7 +468,7 @@ def _run_locked(cfg: ExperimentConfig, out: Path, resume: bool, progress: bool, 
 
         with sigint_latch() as latch, _Progress(cfg, progress, progress_every,
                                                 # elapsed= as summary.json's wall_time_s counts it
-                                                wall_start=wall0 - prior_wall) as bar:
+                                                wall_start=wall0 - prior_wall, show_accuracy=show_accuracy) as bar:
             def on_step(s: Simulator) -> None:
                 bar.update(s, last_acc[0])
                 if (every and s.step % every == 0) or time.perf_counter() - timer[0] >= timer[1]:

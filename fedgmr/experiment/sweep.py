@@ -567,11 +567,11 @@ def _headline(cell_dir: Path) -> dict[str, Any]:
     return {k: summary.get(k) for k in keys if k in summary}
 
 
-def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = ()) -> list[str]:
+def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = (), blind: bool = False) -> list[str]:
     """The ``fedgmr run`` command line for a cell in the given state (``imports``: the
-    sweep's, each passed on as ``--import``)."""
+    sweep's, each passed on as ``--import``; ``blind``: the cell's log shows no accuracy)."""
     cell_dir = out / cell.name
-    code = [arg for spec in imports for arg in ("--import", spec)]
+    code = [arg for spec in imports for arg in ("--import", spec)] + (["--blind"] if blind else [])
     if state == "resume":
         return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q", *code]
     cmd = [sys.executable, "-m", "fedgmr", "run", str(out / CONFIG_DIR / f"{cell.name}.yaml"),
@@ -606,7 +606,8 @@ def _last_error(log_path: Path) -> str:
 def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: int | None = None,
               executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
               on_event: Callable[[str, Cell, int, int], None] | None = None,
-              only: dict[str, list[str]] | None = None, max_cells: int | None = MAX_CELLS) -> SweepOutcome:
+              only: dict[str, list[str]] | None = None, max_cells: int | None = MAX_CELLS,
+              blind: bool = False) -> SweepOutcome:
     """Run (or continue) the sweep into ``out``; returns what this pass did.
 
     ``only`` (axis -> values, :func:`select`) runs part of the grid: the other cells keep
@@ -614,7 +615,8 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     ``ray_address`` defaults to the base config's ``run.ray_address``.
     ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
     ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
-    (:data:`MAX_CELLS`; None: none)."""
+    (:data:`MAX_CELLS`; None: none). ``blind``: each cell runs as ``fedgmr run --blind``, its
+    log showing no accuracy (what is recorded does not change)."""
     import_sweep_code(spec, root)
     check_out(out)
     every = expand(spec, root, max_cells)
@@ -665,9 +667,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     index = [this_pass.get(e.name, e) for e in every]
     _write_index(out, spec, sweep_file, index)
     if executor == "ray":
-        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index)
+        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index, blind)
     else:
-        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify, index)
+        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify, index, blind)
     return SweepOutcome(cells, skipped, resumed, time.perf_counter() - t0)
 
 
@@ -709,7 +711,8 @@ def _claim_at_start(cell: Cell, out: Path, state: str) -> str | None:
 
 
 def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[Cell], spec: SweepSpec,
-               sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell]) -> None:
+               sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell],
+               blind: bool = False) -> None:
     env = _with_path({**os.environ, PARENT_ENV: str(os.getpid()), "FEDGMR_PROGRESS": "0"},
                      _module_path(spec.imports))
     queue = list(todo)
@@ -728,7 +731,7 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                 from fedgmr.experiment.rundir import open_for_write
 
                 fh = os.fdopen(open_for_write(out / LOG_DIR / f"{cell.name}.log", os.O_WRONLY | os.O_APPEND), "a")
-                proc = subprocess.Popen(cell_command(cell, out, started, spec.imports), stdout=fh,
+                proc = subprocess.Popen(cell_command(cell, out, started, spec.imports, blind), stdout=fh,
                                         stderr=subprocess.STDOUT, env=env)
                 running[proc] = (cell, fh)
                 cell.status = "running"
@@ -775,7 +778,8 @@ def _ray_cell(cmd: list[str], log_path: str, pythonpath: list[str] | None = None
 
 
 def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells: list[Cell], spec: SweepSpec,
-             sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell]) -> None:
+             sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell],
+             blind: bool = False) -> None:
     from fedgmr.sim.executors import _import_ray
 
     ray = _import_ray()
@@ -791,7 +795,7 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
             if started is None:  # run elsewhere, or finished there meanwhile
                 finished += 1
                 continue
-            refs[remote.remote(cell_command(cell, out, started, spec.imports), str(out / LOG_DIR / f"{cell.name}.log"),
+            refs[remote.remote(cell_command(cell, out, started, spec.imports, blind), str(out / LOG_DIR / f"{cell.name}.log"),
                                _module_path(spec.imports))] = cell
             cell.status = "running"
             notify("start", cell, finished, len(cells))
