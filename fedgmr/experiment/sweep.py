@@ -571,11 +571,11 @@ def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = (),
     """The ``fedgmr run`` command line for a cell in the given state (``imports``: the
     sweep's, each passed on as ``--import``; ``blind``: the cell's log shows no accuracy)."""
     cell_dir = out / cell.name
-    code = [arg for spec in imports for arg in ("--import", spec)] + (["--blind"] if blind else [])
+    extra = [arg for spec in imports for arg in ("--import", spec)] + (["--blind"] if blind else [])
     if state == "resume":
-        return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q", *code]
+        return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q", *extra]
     cmd = [sys.executable, "-m", "fedgmr", "run", str(out / CONFIG_DIR / f"{cell.name}.yaml"),
-           "--out", str(cell_dir), "-q", *code]
+           "--out", str(cell_dir), "-q", *extra]
     return cmd + (["--overwrite"] if state == "restart" else [])
 
 
