@@ -978,6 +978,8 @@ def evaluate(
                                    "of a key, as for fedgmr table (--only heterogeneity=high --only "
                                    "method=fedgmr,fiarse_ims); repeatable"),
     exclude: list[str] = _exclude_option("evaluate"),
+    blind: bool = typer.Option(False, "--blind", help="with --save: print no accuracy, only how many results "
+                               "were kept (for the cells of a grid not yet read, as fedgmr sweep --blind)"),
 ) -> None:
     """Evaluate each run's saved global model on the test split, in full and per ladder level.
 
@@ -994,6 +996,10 @@ holds no checkpoint."""
     if save and saved:
         _fail(ConfigError("--save evaluates the checkpoints and --saved reads what an earlier --save kept: give one"))
         return
+    if blind and not save:
+        _fail(ConfigError("--blind prints no accuracy, so it only makes sense with --save (keep the results "
+                          "unseen; print them later with --saved)"))
+        return
     _import_user_code(imports)
     rows = []
     try:
@@ -1002,6 +1008,9 @@ holds no checkpoint."""
             result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
             if saved and not levels:
                 result.levels, result.level_accuracy = [], []
+            if blind:
+                rows.append({"run": path.name})
+                continue
             if as_json:
                 typer.echo(result.to_json())
                 continue
@@ -1012,6 +1021,9 @@ holds no checkpoint."""
             rows.append(row)
     except FedGMRError as exc:
         _fail(_suggest_import(exc, imports))
+        return
+    if blind:
+        typer.echo(f"saved the evaluation of {len(rows)} run(s) (evaluation.json in each; print them with --saved)")
         return
     if rows:
         frame = pd.DataFrame(rows).fillna("–")

@@ -199,6 +199,10 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
                 shutil.rmtree(tmp_path / d / "checkpoint")
         proc = run_cli(args, tmp_path)
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
+        if "--blind" in args:  # kept, not shown: each named run now holds its evaluation.json
+            assert "saved the evaluation of" in proc.stdout and "accuracy" not in proc.stdout, proc.stdout
+            assert all((tmp_path / d / "evaluation.json").is_file() for d in _positional(args[1:])), where
+            return
         assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout and "@0.5" in proc.stdout, proc.stdout
         return
     elif sub == "tiers":  # exactly as written, on a tiny fixed-time run made where it names one

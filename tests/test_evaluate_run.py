@@ -125,6 +125,25 @@ def test_a_saved_evaluation_reprints_the_same_table_without_the_checkpoint(tmp_p
     assert no_levels["levels"] == [] and no_levels["accuracy"] == live_json["accuracy"]
 
 
+def test_a_blind_save_keeps_the_same_result_and_prints_no_accuracy(tmp_path: Path):
+    """``--save --blind`` (cells of a grid not yet read): the same ``evaluation.json`` as a
+    plain ``--save`` writes, a one-line count instead of the table; ``--blind`` without
+    ``--save`` is refused, since it would do nothing."""
+    out = _run(tmp_path, "blind", checkpoint_every=5)
+    blind = fedgmr("evaluate", str(tmp_path), "--save", "--blind")
+    assert blind.returncode == 0, blind.stderr
+    assert blind.stdout.strip() == ("saved the evaluation of 1 run(s) (evaluation.json in each; print them "
+                                    "with --saved)")
+    kept = json.loads((out / "evaluation.json").read_text())
+    plain = fedgmr("evaluate", str(tmp_path), "--save")
+    assert plain.returncode == 0 and "accuracy (%)" in plain.stdout
+    again = json.loads((out / "evaluation.json").read_text())
+    assert {k: v for k, v in kept.items() if k != "environment"} == {k: v for k, v in again.items()
+                                                                      if k != "environment"}
+    refused = fedgmr("evaluate", str(tmp_path), "--blind")
+    assert refused.returncode == 2 and "only makes sense with --save" in refused.stderr
+
+
 def test_saved_evaluations_that_are_missing_damaged_or_stale_are_refused_in_one_line(tmp_path: Path):
     out = _run(tmp_path, "r", checkpoint_every=5)
     proc = fedgmr("evaluate", str(out), "--saved")
