@@ -1001,15 +1001,15 @@ holds no checkpoint."""
                           "unseen; print them later with --saved)"))
         return
     _import_user_code(imports)
-    rows = []
+    rows, kept = [], 0
     try:
         paths = find_runs(dirs)
         for path in _select_run_dirs(paths, only, exclude):
             result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
             if saved and not levels:
                 result.levels, result.level_accuracy = [], []
+            kept += 1
             if blind:
-                rows.append({"run": path.name})
                 continue
             if as_json:
                 typer.echo(result.to_json())
@@ -1023,7 +1023,7 @@ holds no checkpoint."""
         _fail(_suggest_import(exc, imports))
         return
     if blind:
-        typer.echo(f"saved the evaluation of {len(rows)} run(s) (evaluation.json in each; print them with --saved)")
+        typer.echo(f"saved the evaluation of {kept} run(s) (evaluation.json in each; print them with --saved)")
         return
     if rows:
         frame = pd.DataFrame(rows).fillna("–")

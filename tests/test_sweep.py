@@ -161,18 +161,13 @@ def test_a_blind_sweep_shows_no_accuracy_and_records_the_same(tmp_path: Path):
         log = (blind / "logs" / f"{name}.log").read_text()
         assert "finished at t=" in log and "accuracy" not in log, log
         assert "final accuracy" in (plain / "logs" / f"{name}.log").read_text()
-    rerun = run_cli_lines("sweep", str(sweep), "--out", str(blind), "--blind")
-    plain_rerun = run_cli_lines("sweep", str(sweep), "--out", str(plain))
+    # a rerun of finished cells starts no process: in this process, a line per cell off a terminal
+    rerun_proc, plain_proc = (_in_process("sweep", str(sweep), "--out", str(d), *flag)
+                              for d, flag in ((blind, ["--blind"]), (plain, [])))
+    assert rerun_proc.returncode == 0 and plain_proc.returncode == 0, rerun_proc.stderr + plain_proc.stderr
+    rerun, plain_rerun = rerun_proc.stderr.splitlines(), plain_proc.stderr.splitlines()
     assert [ln for ln in rerun if "skipped (done)" in ln] and not [ln for ln in rerun if "acc" in ln], rerun
     assert [ln for ln in plain_rerun if "skipped (done)" in ln and "acc " in ln], plain_rerun
-
-
-def run_cli_lines(*args: str) -> list[str]:
-    """stderr lines of ``fedgmr ARGS`` run in this process (a rerun of finished cells starts
-    no process); off a terminal the sweep prints a line per cell."""
-    proc = fedgmr_in_process(*args)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stderr.splitlines()
 
 
 @pytest.mark.slow
