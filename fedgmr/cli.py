@@ -1144,6 +1144,32 @@ def data_fetch(
         _fail(exc)
 
 
+@data_app.command("clients")
+def data_clients(
+    config: str = typer.Argument(..., help="config file (a run's config.yaml too) or preset name"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE", help="override a key; repeatable"),
+    imports: list[str] = _import_option(),
+    top: int = typer.Option(3, "--top", min=1, help="largest label shares shown per client"),
+    threshold: float = typer.Option(0.05, "--threshold", min=0.0, max=1.0,
+                                    help="count the classes that each make up at least this share of a client"),
+    fmt: str = typer.Option("markdown", "--format", help="markdown, or csv (every class's count per client)"),
+) -> None:
+    """What each client of a config holds: samples, start density, label shares.
+
+    The partition is the one a run of the config draws (its seed's partition stream), so
+    this shows what a run's clients train on before anything runs."""
+    from fedgmr.experiment.clients import describe_clients
+
+    if fmt not in ("markdown", "csv"):
+        _fail(ConfigError(f"--format must be markdown or csv, got {fmt!r}"))
+    _import_user_code(imports)
+    try:
+        report = describe_clients(resolve(config, set_))
+    except FedGMRError as exc:
+        _fail(exc)
+    typer.echo(report.csv() if fmt == "csv" else report.markdown(top, threshold), nl=False)
+
+
 flower_app = typer.Typer(no_args_is_help=True, help="Set-up helpers for a secured Flower deployment (TLS + "
                          "SuperNode authentication).")
 app.add_typer(flower_app, name="flower")
