@@ -85,7 +85,9 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
     elif sub == "table":  # exactly as written, on small run directories made where it names them
         dirs = _positional(args[1:])
         if _reads_measured(args):
-            assert "mean ± sample std (ddof = 1) across seeds" in _in_repo(args, where)
+            out = _in_repo(args, where)
+            assert ("per_seed" in out.splitlines()[0]) if args[-2:] == ["--format", "csv"] else \
+                "mean ± sample std (ddof = 1) across seeds" in out, out
             return
         for i, d in enumerate(dirs):  # several directories: more seeds of one experiment
             _fake_runs(tmp_path / d, "docs" if len(dirs) > 1 else None, first_seed=2 * i)
