@@ -1108,7 +1108,7 @@ def presets() -> None:
 
 
 data_app = typer.Typer(no_args_is_help=True, help="The public data sets the paper-table presets read: where "
-                       "they come from, and fetching them with checksums.")
+                       "they come from, and fetching them with checksums; what each client of a config holds.")
 app.add_typer(data_app, name="data")
 
 
