@@ -233,7 +233,11 @@ def ray_session(_ray_for_this_process: Any) -> Any:
     Skips where Ray is not installed."""
     ray = _ray_for_this_process
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, configure_logging=False)
+        # log_to_driver off: the driver's log thread prints Ray's worker and raylet lines to
+        # whatever sys.stderr is at that moment, and in this shared process that is often an
+        # in-process CLI test's captured stderr (a raylet's late "Connection reset by peer" once
+        # failed a one-line-error check in tests/test_compare_errors.py)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     return ray
 
 
