@@ -107,3 +107,13 @@ def test_the_cli_table_names_the_skew_it_shows(tmp_path: Path):
 def test_bad_options_are_one_line_errors(tmp_path: Path, args: list[str], code: int, message: str):
     out = run_cli(["data", "clients", "quickstart", *args], tmp_path)
     assert out.returncode == code and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_the_output_docs_data_md_shows_is_what_the_command_prints(tmp_path: Path):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text(encoding="utf-8")
+    start = doc.index("digits, seed 0: 10 clients, Dirichlet(α = 0.1)")  # the output block under the commands
+    shown = doc[start:doc.index("```", start)]
+    lines = [line for line in shown.splitlines() if line and line != "..."]
+    out = run_cli(["data", "clients", "quickstart", "--set", "data.alpha=0.1"], tmp_path)
+    assert out.returncode == 0 and len(lines) == 5, (out.stderr, lines)
+    assert all(line in out.stdout.splitlines() for line in lines), out.stdout
