@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fedgmr.experiment.metrics import read_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "protocol_results.md"
 CELLS = REPO / "measured" / "protocol_alpha"
@@ -24,17 +26,13 @@ def _section() -> str:
     return text[start:end]
 
 
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def _name(method: str, seed: int) -> str:
     return f"preset=mnist,method={method},alpha=0.1,seed={seed}"
 
 
 @pytest.mark.parametrize("method", ["fedgmr", "fedgmr_floor"])
 def test_the_reruns_equal_the_protocol_cells_on_every_key_the_cells_record(method: str):
-    cell, rerun = _records(CELLS / _name(method, 1)), _records(RERUNS / _name(method, 1))
+    cell, rerun = read_metrics(CELLS / _name(method, 1)), read_metrics(RERUNS / _name(method, 1))
     assert rerun[-1]["time"] >= 2600 and len(rerun) < len(cell)
     for a, b in zip(cell, rerun):
         assert {k: b[k] for k in a} == a
@@ -44,9 +42,10 @@ def test_the_reruns_equal_the_protocol_cells_on_every_key_the_cells_record(metho
 def test_the_level_table_is_what_the_reruns_logged():
     rows = re.findall(r"^\| `(fedgmr\w*)` \| ([\d,]+) \| ([\d.]+) \| (.+) \|$", _section(), re.M)
     assert len(rows) == 14
+    logged = {m: {r["time"]: r for r in read_metrics(RERUNS / _name(m, 1))} for m in ("fedgmr", "fedgmr_floor")}
     for method, time, density, rest in rows:
         values = [float(v) for v in rest.split(" | ")]
-        rec = next(r for r in _records(RERUNS / _name(method, 1)) if r["time"] == float(time.replace(",", "")))
+        rec = logged[method][float(time.replace(",", ""))]
         assert density == f"{rec['avg_density']:.2f}"
         assert values[:5] == [round(v * 100, 1) for v in rec["level_accuracy"]], (method, time)
         assert values[4] == round(rec["accuracy"] * 100, 1)  # the full model's level is the global model
@@ -67,27 +66,21 @@ def test_the_seed_table_is_what_the_cells_hold():
     for seed, _, _, _, full_from, acc in rows:
         run = CELLS / _name("fedgmr", int(seed))
         # the 0.5x tier is client 1; its first restoration puts it (and so every client) on the full model
-        first = next(r for r in _records(run) if 1 in r["restored"])
+        first = next(r for r in read_metrics(run) if 1 in r["restored"])
         assert f"{first['time']:,.0f}" == full_from and first["avg_density"] == 1.0
         assert abs(json.loads((run / "summary.json").read_text())["acc_at_t_star"] * 100 - float(acc)) < 5e-4
 
 
-def test_client_0s_share_is_the_partition_its_config_draws():
+def test_client_0s_share_is_the_partition_its_config_draws(monkeypatch: pytest.MonkeyPatch):
     if not (REPO.parent / "shared" / "data" / "mnist").is_dir():
         pytest.skip("MNIST is not on this machine (../shared/data/mnist)")
-    import os
-
     from fedgmr.config import parse_config, read_config_file
     from fedgmr.experiment.clients import describe_clients
 
     rows = re.findall(r"^\| (\d) \| ([\d,]+) samples, (\d+) % class (\d) \|", _section(), re.M)
-    old = os.getcwd()
-    os.chdir(REPO)  # the cells record their data root relative to the repository
-    try:
-        for seed, samples, share, label in rows:
-            cfg = parse_config(read_config_file(CELLS / _name("fedgmr", int(seed)) / "config.yaml"))
-            client0 = describe_clients(cfg).clients[0]
-            (top, top_share), = client0.label_shares()[:1]
-            assert (f"{client0.samples:,}", f"{top_share * 100:.0f}", str(top)) == (samples, share, label)
-    finally:
-        os.chdir(old)
+    monkeypatch.chdir(REPO)  # the cells record their data root relative to the repository
+    for seed, samples, share, label in rows:
+        cfg = parse_config(read_config_file(CELLS / _name("fedgmr", int(seed)) / "config.yaml"))
+        client0 = describe_clients(cfg).clients[0]
+        (top, top_share), = client0.label_shares()[:1]
+        assert (f"{client0.samples:,}", f"{top_share * 100:.0f}", str(top)) == (samples, share, label)

@@ -43,10 +43,7 @@ def describe_clients(cfg: ExperimentConfig, data: FederatedData | None = None) -
     data = data or load_dataset(cfg.data.name, root=cfg.data.root, **cfg.data.options)
     partition = client_partition(cfg, data)
     labels, _ = loaded_layout(data)  # the partition indexes the loaded row order
-    if data.task == "classification" and labels.ndim == 1:
-        clients = summarise_clients(labels, partition, data.num_classes)
-    else:
-        clients = summarise_clients(labels.reshape(len(labels), -1), partition)
+    clients = summarise_clients(labels, partition, data.num_classes)  # sequence targets: sample counts only
     n = cfg.clients.num_clients
     held = sum(s.samples for s in clients)
     title = (f"{cfg.data.name}, seed {cfg.seed}: {n} clients, {_scheme(cfg)}; {held:,} training samples held by "
