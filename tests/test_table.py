@@ -347,6 +347,35 @@ def test_only_tabulates_the_runs_with_the_listed_values_and_names_what_is_there(
         select_runs(runs, {"nokey": ["1"]})
 
 
+def test_a_short_name_of_several_keys_means_the_one_its_sweep_varied(tmp_path: Path):
+    """``patience`` ends ``restoration.patience`` and ``distill.patience``: outside a sweep
+    it is refused, naming both; in a sweep over ``restoration.patience`` (whose cells are
+    named ``patience=1``, ``patience=3``) it is that axis, for ``--only`` and ``--rows``."""
+    loose = tmp_path / "loose"
+    for p, acc in ((1, 0.5), (3, 0.7)):
+        _run(loose, f"fedgmr{p}", 0, "high", acc, {"restoration.patience": p})
+    runs = [read_run(d) for d in find_runs([loose])]
+    with pytest.raises(ConfigError, match=r"--only patience: 'patience' is ambiguous: "
+                                          r"distill.patience, restoration.patience \(name one in full\)"):
+        select_runs(runs, {"patience": ["1"]})
+    swept = tmp_path / "swept"
+    names = []
+    for p, acc in ((1, 0.5), (3, 0.7)):
+        for seed in (0, 1):
+            d = _run(swept, "fedgmr", seed, "high", acc + seed / 100, {"restoration.patience": p})
+            d = d.rename(swept / f"patience={p},seed={seed}")  # as a sweep names its cells
+            names.append((d.name, {"restoration.patience": p, "seed": seed}))
+    (swept / "sweep.json").write_text(json.dumps({"cells": [{"name": n, "point": pt} for n, pt in names]}))
+    runs = [read_run(d) for d in find_runs([swept])]
+    kept = select_runs(runs, {"patience": ["3"]})
+    assert sorted(r.seed for r in kept) == [0, 1] and {r.config["restoration.patience"] for r in kept} == {3}
+    table = build_table(runs, 10.0, rows=["patience"], mri_of=None)
+    assert table.row_keys == ["restoration.patience"]
+    assert table.rows == [(1,), (3,)]
+    assert table.cells[((1,), ())]["mean"] == pytest.approx(0.505)
+    assert table.cells[((3,), ())]["mean"] == pytest.approx(0.705)
+
+
 def test_exclude_leaves_out_the_runs_that_match_all_its_keys(grid: Path):
     """``exclude``: the runs matching every key of it are left out, after ``only``: one
     key and value drops those runs; two keys drop their intersection (one column of a

@@ -101,12 +101,12 @@ def _sweep_rank(root: Path) -> Any:
 
 
 @functools.lru_cache(maxsize=32)
-def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
-    """Cell name -> the cell's values on its sweep's case axes (``case``, or the names of a
-    ``cases:`` mapping), from ``directory/sweep.json`` (read once per directory and version
-    of the file, not once per run). Indexes written before cells recorded their point are
-    expanded again from the sweep spec they keep."""
-    from fedgmr.experiment.sweep import SweepSpec, expand, is_case_axis
+def _sweep_grid_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
+    """Cell name -> the cell's point in its sweep's grid (every axis: ``preset``, the case
+    axes, the grid's keys), from ``directory/sweep.json`` (read once per directory and
+    version of the file, not once per run). Indexes written before cells recorded their
+    point are expanded again from the sweep spec they keep."""
+    from fedgmr.experiment.sweep import SweepSpec, expand
 
     index = json.loads(read_run_text(Path(directory) / "sweep.json"))
     cells = index["cells"]
@@ -114,8 +114,32 @@ def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
         points = {str(c["name"]): c["point"] for c in cells}
     else:
         points = {c.name: c.point for c in expand(SweepSpec.model_validate(index["spec"]), Path(directory))}
-    return {name: {a: v for a, v in point.items() if is_case_axis(a)} if isinstance(point, dict) else {}
-            for name, point in points.items()}
+    return {name: point if isinstance(point, dict) else {} for name, point in points.items()}
+
+
+def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
+    """Cell name -> the cell's values on its sweep's case axes (``case``, or the names of a
+    ``cases:`` mapping)."""
+    from fedgmr.experiment.sweep import is_case_axis
+
+    return {name: {a: v for a, v in point.items() if is_case_axis(a)}
+            for name, point in _sweep_grid_points(directory, mtime_ns).items()}
+
+
+def grid_axes(paths: Iterable[Path]) -> set[str]:
+    """The config keys that the sweeps holding these run directories varied (their grids'
+    axes, as each ``sweep.json`` records them); empty for runs outside a sweep. A cell's
+    name spells these axes short (``patience=1`` for ``restoration.patience``), so a short
+    name that matches several config keys means the one the grid varied."""
+    axes: set[str] = set()
+    for parent in {Path(p).parent for p in paths}:
+        try:
+            points = _sweep_grid_points(str(parent), (parent / "sweep.json").stat().st_mtime_ns)
+        except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
+            continue
+        for point in points.values():
+            axes.update(point)
+    return axes
 
 
 def sweep_cases(path: Path) -> dict[str, str]:
@@ -191,8 +215,11 @@ def _rejected(path: Path, rows: Sequence[dict[str, Any]]) -> int:
     return int(value) if finite_number(value) else 0
 
 
-def _resolve_key(name: str, keys: Iterable[str]) -> str:
-    """A full dotted key from a short name (``heterogeneity`` -> ``clients.heterogeneity``)."""
+def _resolve_key(name: str, keys: Iterable[str], axes: Iterable[str] = ()) -> str:
+    """A full dotted key from a short name (``heterogeneity`` -> ``clients.heterogeneity``).
+    A short name that ends several keys means the one among ``axes`` (the runs' sweep
+    grids, :func:`grid_axes`) where exactly one is: ``patience`` is
+    ``restoration.patience`` in a sweep over it, as its cells' names spell it."""
     name = ALIASES.get(name, name)
     keys = list(keys)
     if name in keys:
@@ -202,7 +229,10 @@ def _resolve_key(name: str, keys: Iterable[str]) -> str:
         return matches[0]
     if not matches:
         raise ConfigError(f"no config key '{name}' in these runs")
-    raise ConfigError(f"'{name}' is ambiguous: {', '.join(matches)}")
+    on_grid = [k for k in matches if k in set(axes)]
+    if len(on_grid) == 1:
+        return on_grid[0]
+    raise ConfigError(f"'{name}' is ambiguous: {', '.join(matches)} (name one in full)")
 
 
 def select_runs(runs: Sequence[RunData], only: dict[str, list[str]],
@@ -221,12 +251,13 @@ def select_runs(runs: Sequence[RunData], only: dict[str, list[str]],
 
     defaults = _schema_defaults()
     keys = sorted({k for r in runs for k in r.config} | set(defaults))
+    axes = grid_axes(r.path for r in runs if getattr(r, "path", None) is not None)
 
     def resolve(spec: dict[str, list[str]], flag: str) -> list[tuple[str, set[str]]]:
         chosen: list[tuple[str, set[str]]] = []
         for name, values in spec.items():
             try:
-                key = _resolve_key(name, keys)
+                key = _resolve_key(name, keys, axes)
             except ConfigError as exc:
                 raise ConfigError(f"{flag} {name}: {exc}") from None
             present = list(dict.fromkeys(_label(r.config.get(key, defaults.get(key))) for r in runs))
@@ -311,7 +342,8 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
             r.config[k] = defaults[k]
     varying = [k for k in keys if k not in EXECUTION_KEYS
                and len({_hashable(r.config.get(k)) for r in runs}) > 1]
-    row_keys = [_resolve_key(k, keys) for k in rows]
+    axes = grid_axes(r.path for r in runs)
+    row_keys = [_resolve_key(k, keys, axes) for k in rows]
     if cols is None:
         col_keys: list[str] = []
         ordered = [k for k in PREFERRED_COLS if k in varying] + [k for k in varying if k not in PREFERRED_COLS]
@@ -319,7 +351,7 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
             if k not in row_keys and not _determined(k, row_keys + col_keys, runs):
                 col_keys.append(k)
     else:
-        col_keys = [_resolve_key(k, keys) for k in cols]
+        col_keys = [_resolve_key(k, keys, axes) for k in cols]
     group_keys = row_keys + col_keys
     for k in varying:
         if k not in group_keys and not _determined(k, group_keys, runs):
