@@ -262,6 +262,34 @@ def test_plot_command_draws_bands_levels_and_clients(tmp_path: Path, monkeypatch
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_one_run_figure_of_a_sweep_cell_names_the_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--levels``/``--classes``/``--clients``/``--coverage`` draw one run: a sweep's cell is
+    titled with its method and its other axes as the cell's name spells them, so the
+    figures of two seeds or two α of one sweep are told apart; a lone run keeps its method."""
+    import fedgmr.experiment.plots as plots
+
+    extra = {"levels": [0.2, 1.0], "level_accuracy": [0.1, 0.2], "class_accuracy": [0.1, 0.5]}
+    cell = make_run(tmp_path / "sweep" / "preset=t,method=fedgmr,alpha=0.1,seed=1",
+                    [rec(0, 0.1, **extra), rec(10, 0.2, **extra)], seed=1)
+    (cell / "summary.json").write_text(json.dumps({"method": "fedgmr"}))
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"cells": [
+        {"name": cell.name, "point": {"preset": "t", "method": "fedgmr", "data.alpha": 0.1, "seed": 1}}]}))
+    lone = make_run(tmp_path / "lone", [rec(0, 0.1, **extra), rec(10, 0.2, **extra)])
+    (lone / "summary.json").write_text(json.dumps({"method": "fedgmr"}))
+    titles: list[str] = []
+    monkeypatch.setattr(plots, "draw_curves", lambda *a, title=None, **kw: titles.append(title))
+    for run, flag in ((cell, "--levels"), (cell, "--classes"), (lone, "--levels")):
+        result = CliRunner().invoke(app, ["plot", str(run), flag, "--out", str(tmp_path / "p.png")])
+        assert result.exit_code == 0, result.stderr
+    assert titles == ["fedgmr (preset=t, alpha=0.1, seed=1): accuracy under each level's mask",
+                      "fedgmr (preset=t, alpha=0.1, seed=1): accuracy on each class",
+                      "fedgmr: accuracy under each level's mask"]
+    # a folder named like a cell but not in the sweep's index is not read as one
+    stray = make_run(tmp_path / "sweep" / "method=fedgmr,seed=9", [rec(0, 0.1)])
+    (stray / "summary.json").write_text(json.dumps({"method": "fedgmr"}))
+    assert plots.run_title(stray, "x") == "fedgmr: x"
+
+
 @pytest.mark.parametrize("args, code, needle", [
     (["runs/s0", "--x", "wall"], 3, "record 1 has no 'wall_time' field, which --x wall needs"),
     (["runs/s0", "runs/s0", "--levels"], 2, "--levels plots one run: give one run directory (got 2)"),

@@ -257,10 +257,26 @@ def plot_metric(run_dirs: Sequence[str | Path], path: str | Path, x: str = "time
                        right_label="average density (dashed)" if metric == "accuracy" else None)
 
 
+def run_title(run_dir: str | Path, what: str) -> str:
+    """The title of a figure of one run: its method, and for a sweep's cell the cell's
+    other axes as its name spells them (``fedgmr (preset=mnist, alpha=0.1, seed=1):
+    accuracy on each class``), so figures of two cells of one sweep are told apart."""
+    from fedgmr.experiment.metrics import run_label
+    from fedgmr.experiment.table import is_sweep_cell
+
+    run_dir = Path(run_dir)
+    label = run_label(run_dir)
+    if is_sweep_cell(run_dir):
+        axes = [part for part in run_dir.name.split(",") if not part.startswith("method=")]
+        if axes:
+            label += f" ({', '.join(axes)})"
+    return f"{label}: {what}"
+
+
 def plot_levels(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
     """``fedgmr plot --levels``: one accuracy curve per ladder level of one run."""
     from fedgmr.experiment import curves as cv
-    from fedgmr.experiment.metrics import read_run_metrics, run_label
+    from fedgmr.experiment.metrics import read_run_metrics
 
     run_dir = Path(run_dir)
     rows = read_run_metrics(run_dir, ("accuracy",))
@@ -269,13 +285,13 @@ def plot_levels(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
     full = [(cv.axis_values(rows, x, run_dir / "metrics.jsonl"), cv.metric_values(rows, "accuracy", run_dir))]
     out.append(Curve("global model", full[0][0], full[0][1], color="black"))
     return draw_curves(out, path, _x_label(x, [run_dir]), "test accuracy (%)",
-                       title=f"{run_label(run_dir)}: accuracy under each level's mask")
+                       title=run_title(run_dir, "accuracy under each level's mask"))
 
 
 def plot_classes(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
     """``fedgmr plot --classes``: the global model's accuracy on each class of one run."""
     from fedgmr.experiment import curves as cv
-    from fedgmr.experiment.metrics import read_run_metrics, run_label
+    from fedgmr.experiment.metrics import read_run_metrics
 
     run_dir = Path(run_dir)
     rows = read_run_metrics(run_dir, ("accuracy",))
@@ -283,14 +299,14 @@ def plot_classes(run_dir: str | Path, path: str | Path, x: str = "time") -> Path
     out.append(Curve("all classes", cv.axis_values(rows, x, run_dir / "metrics.jsonl"),
                      cv.metric_values(rows, "accuracy", run_dir), color="black"))
     return draw_curves(out, path, _x_label(x, [run_dir]), "test accuracy (%)",
-                       title=f"{run_label(run_dir)}: accuracy on each class")
+                       title=run_title(run_dir, "accuracy on each class"))
 
 
 def plot_coverage(run_dir: str | Path, path: str | Path, x: str = "time") -> Path:
     """``fedgmr plot --coverage``: the share of coordinates covered by 0, 1, 2, 3 and 4 or
     more of the updates of each aggregation (``coverage_hist``), stacked, of one run."""
     from fedgmr.experiment import curves as cv
-    from fedgmr.experiment.metrics import read_run_metrics, run_label
+    from fedgmr.experiment.metrics import read_run_metrics
 
     run_dir = Path(run_dir)
     xs, shares, labels = cv.coverage_shares(read_run_metrics(run_dir, ("accuracy",)), x, run_dir / "metrics.jsonl")
@@ -301,7 +317,7 @@ def plot_coverage(run_dir: str | Path, path: str | Path, x: str = "time") -> Pat
     ax.set_ylabel("coordinates (%)")
     ax.set_ylim(0, 100)
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(f"{run_label(run_dir)}: coverage of each aggregation")
+    ax.set_title(wrap_title(run_title(run_dir, "coverage of each aggregation")))
     return _save(fig, path)
 
 
@@ -309,11 +325,11 @@ def plot_clients(run_dir: str | Path, path: str | Path, x: str = "time") -> Path
     """``fedgmr plot --clients``: mean per-client accuracy with its 10-90 % and min-max
     bands over the clients, of one run."""
     from fedgmr.experiment import curves as cv
-    from fedgmr.experiment.metrics import read_run_metrics, run_label
+    from fedgmr.experiment.metrics import read_run_metrics
 
     run_dir = Path(run_dir)
     spread = cv.client_spread(read_run_metrics(run_dir, ("accuracy",)), x, run_dir / "metrics.jsonl")
     curve = Curve(f"mean of {spread.clients} clients (bands: 10-90 %, min-max)", spread.x, spread.mean,
                   band=(spread.p10, spread.p90), outer=(spread.lo, spread.hi))
     return draw_curves([curve], path, _x_label(x, [run_dir]), "client accuracy (%)",
-                       title=f"{run_label(run_dir)}: accuracy on each client's held-out split")
+                       title=run_title(run_dir, "accuracy on each client's held-out split"))

@@ -126,6 +126,15 @@ def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
             for name, point in _sweep_grid_points(directory, mtime_ns).items()}
 
 
+def is_sweep_cell(path: Path) -> bool:
+    """Whether ``path`` is a cell of the sweep whose ``sweep.json`` sits beside it."""
+    path = Path(path)
+    try:
+        return path.name in _sweep_grid_points(str(path.parent), (path.parent / "sweep.json").stat().st_mtime_ns)
+    except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
+        return False
+
+
 def grid_axes(paths: Iterable[Path]) -> set[str]:
     """The config keys that the sweeps holding these run directories varied (their grids'
     axes, as each ``sweep.json`` records them); empty for runs outside a sweep. A cell's
