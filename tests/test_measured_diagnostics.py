@@ -17,12 +17,13 @@ PAGE = REPO / "docs" / "protocol_results.md"
 CELLS = REPO / "measured" / "protocol_alpha"
 RERUNS = REPO / "measured" / "protocol_alpha_levels"
 HEADING = "### Why FedGMR's seeds spread at α = 0.1 (a diagnostic outside the protocol)"
+FIVE_SEEDS = "## §6, our rules out of sample: MNIST at α = 0.1 and 0.3, five seeds (P3 and P8, 6 December 2026)"
 
 
-def _section() -> str:
+def _section(heading: str = HEADING) -> str:
     text = PAGE.read_text(encoding="utf-8")
-    start = text.index(HEADING)
-    end = text.find("\n## ", start)
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
     return text[start:end]
 
 
@@ -52,35 +53,47 @@ def test_the_level_table_is_what_the_reruns_logged():
         assert values[5] == round(rec["class_accuracy"][7] * 100, 1)
 
 
-def test_the_seed_table_is_what_the_cells_hold():
+#: where the page quotes each seed's client 0, ladder top and Acc@R1: the diagnostic (seeds 0-2,
+#: P3's cells) and the five-seed reading of §6 (seeds 3 and 4, P8's cells)
+SEED_TABLES = [(HEADING, CELLS, ["0", "1", "2"]),
+               (FIVE_SEEDS, REPO / "measured" / "protocol_alpha_seeds34", ["3", "4"])]
+SEED_ROW = r"^\| (\d) \| ([\d,]+) samples, (\d+) % class (\d) \| ([\d,]+) s \| ([\d.]+) % \|$"
+
+
+@pytest.mark.parametrize("heading, cells, seeds", SEED_TABLES)
+def test_the_seed_table_is_what_the_cells_hold(heading: str, cells: Path, seeds: list[str]):
     from conftest import run_cli
 
-    rows = re.findall(r"^\| (\d) \| ([\d,]+) samples, (\d+) % class (\d) \| ([\d,]+) s \| ([\d.]+) % \|$",
-                      _section(), re.M)
-    assert [r[0] for r in rows] == ["0", "1", "2"]
-    cmd = re.search(r"^fedgmr (table .+ --format csv)$", _section(), re.M).group(1).split()
+    section = _section(heading)
+    rows = re.findall(SEED_ROW, section, re.M)
+    assert [r[0] for r in rows] == seeds
+    cmd = re.search(r"^fedgmr (table .+ --format csv)$", section, re.M).group(1).split()
     out = run_cli(cmd, REPO)
     assert out.returncode == 0, out.stderr
-    per_seed = out.stdout.splitlines()[1].split(",")[-2].split()  # the only row: fedgmr at alpha 0.1
-    assert [f"{float(v) * 100:.3f}" for v in per_seed] == [r[5] for r in rows]
+    line = out.stdout.splitlines()[1].split(",")  # the only row: fedgmr at alpha 0.1
+    per_seed = dict(zip(line[-3].split(), line[-2].split()))  # seeds -> per_seed
+    assert [f"{float(per_seed[r[0]]) * 100:.3f}" for r in rows] == [r[5] for r in rows]
     for seed, _, _, _, full_from, acc in rows:
-        run = CELLS / _name("fedgmr", int(seed))
+        run = cells / _name("fedgmr", int(seed))
         # the 0.5x tier is client 1; its first restoration puts it (and so every client) on the full model
         first = next(r for r in read_metrics(run) if 1 in r["restored"])
         assert f"{first['time']:,.0f}" == full_from and first["avg_density"] == 1.0
         assert abs(json.loads((run / "summary.json").read_text())["acc_at_t_star"] * 100 - float(acc)) < 5e-4
 
 
-def test_client_0s_share_is_the_partition_its_config_draws(monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("heading, cells, seeds", SEED_TABLES)
+def test_client_0s_share_is_the_partition_its_config_draws(monkeypatch: pytest.MonkeyPatch, heading: str,
+                                                            cells: Path, seeds: list[str]):
     if not (REPO.parent / "shared" / "data" / "mnist").is_dir():
         pytest.skip("MNIST is not on this machine (../shared/data/mnist)")
     from fedgmr.config import parse_config, read_config_file
     from fedgmr.experiment.clients import describe_clients
 
-    rows = re.findall(r"^\| (\d) \| ([\d,]+) samples, (\d+) % class (\d) \|", _section(), re.M)
+    rows = re.findall(r"^\| (\d) \| ([\d,]+) samples, (\d+) % class (\d) \|", _section(heading), re.M)
+    assert [r[0] for r in rows] == seeds
     monkeypatch.chdir(REPO)  # the cells record their data root relative to the repository
     for seed, samples, share, label in rows:
-        cfg = parse_config(read_config_file(CELLS / _name("fedgmr", int(seed)) / "config.yaml"))
+        cfg = parse_config(read_config_file(cells / _name("fedgmr", int(seed)) / "config.yaml"))
         client0 = describe_clients(cfg).clients[0]
         (top, top_share), = client0.label_shares()[:1]
         assert (f"{client0.samples:,}", f"{top_share * 100:.0f}", str(top)) == (samples, share, label)
