@@ -117,6 +117,7 @@ def _sweep_grid_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any
     return {name: point if isinstance(point, dict) else {} for name, point in points.items()}
 
 
+@functools.lru_cache(maxsize=32)
 def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
     """Cell name -> the cell's values on its sweep's case axes (``case``, or the names of a
     ``cases:`` mapping)."""
