@@ -89,10 +89,10 @@ def test_client_0s_share_is_the_partition_its_config_draws(monkeypatch: pytest.M
     from fedgmr.config import parse_config, read_config_file
     from fedgmr.experiment.clients import describe_clients
 
-    rows = re.findall(r"^\| (\d) \| ([\d,]+) samples, (\d+) % class (\d) \|", _section(heading), re.M)
+    rows = re.findall(SEED_ROW, _section(heading), re.M)
     assert [r[0] for r in rows] == seeds
     monkeypatch.chdir(REPO)  # the cells record their data root relative to the repository
-    for seed, samples, share, label in rows:
+    for seed, samples, share, label, _, _ in rows:
         cfg = parse_config(read_config_file(cells / _name("fedgmr", int(seed)) / "config.yaml"))
         client0 = describe_clients(cfg).clients[0]
         (top, top_share), = client0.label_shares()[:1]

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Callable, Collection, Iterable, Literal, Sequence
 
 import numpy as np
 import yaml
@@ -127,13 +127,20 @@ def _sweep_points(directory: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
             for name, point in _sweep_grid_points(directory, mtime_ns).items()}
 
 
+def _points_beside(directory: Path, case_axes_only: bool = False) -> dict[str, dict[str, Any]]:
+    """The cell points of the sweep whose ``sweep.json`` is in ``directory`` (its case axes
+    only, with ``case_axes_only``); empty where there is no readable index."""
+    try:
+        mtime_ns = (directory / "sweep.json").stat().st_mtime_ns
+        return (_sweep_points if case_axes_only else _sweep_grid_points)(str(directory), mtime_ns)
+    except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
+        return {}
+
+
 def is_sweep_cell(path: Path) -> bool:
     """Whether ``path`` is a cell of the sweep whose ``sweep.json`` sits beside it."""
     path = Path(path)
-    try:
-        return path.name in _sweep_grid_points(str(path.parent), (path.parent / "sweep.json").stat().st_mtime_ns)
-    except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
-        return False
+    return path.name in _points_beside(path.parent)
 
 
 def grid_axes(paths: Iterable[Path]) -> set[str]:
@@ -141,15 +148,8 @@ def grid_axes(paths: Iterable[Path]) -> set[str]:
     axes, as each ``sweep.json`` records them); empty for runs outside a sweep. A cell's
     name spells these axes short (``patience=1`` for ``restoration.patience``), so a short
     name that matches several config keys means the one the grid varied."""
-    axes: set[str] = set()
-    for parent in {Path(p).parent for p in paths}:
-        try:
-            points = _sweep_grid_points(str(parent), (parent / "sweep.json").stat().st_mtime_ns)
-        except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
-            continue
-        for point in points.values():
-            axes.update(point)
-    return axes
+    return {axis for parent in {Path(p).parent for p in paths}
+            for point in _points_beside(parent).values() for axis in point}
 
 
 def sweep_cases(path: Path) -> dict[str, str]:
@@ -157,11 +157,7 @@ def sweep_cases(path: Path) -> dict[str, str]:
     ``path``, by case axis (``{"case": "wo_buff_ims"}``, or ``{"tier": ..., "policy": ...}``
     for named axes), read from its sweep's ``sweep.json``; empty for a run outside a sweep
     or a sweep without cases."""
-    index_path = path.parent / "sweep.json"
-    try:
-        point = _sweep_points(str(path.parent), index_path.stat().st_mtime_ns).get(path.name, {})
-    except (OSError, ValueError, KeyError, TypeError, FedGMRError, ValidationError):
-        return {}
+    point = _points_beside(path.parent, case_axes_only=True).get(path.name, {})
     return {axis: str(label) for axis, label in point.items() if label is not None}
 
 
@@ -225,7 +221,7 @@ def _rejected(path: Path, rows: Sequence[dict[str, Any]]) -> int:
     return int(value) if finite_number(value) else 0
 
 
-def _resolve_key(name: str, keys: Iterable[str], axes: Iterable[str] = ()) -> str:
+def _resolve_key(name: str, keys: Iterable[str], axes: Collection[str] = ()) -> str:
     """A full dotted key from a short name (``heterogeneity`` -> ``clients.heterogeneity``).
     A short name that ends several keys means the one among ``axes`` (the runs' sweep
     grids, :func:`grid_axes`) where exactly one is: ``patience`` is
@@ -239,7 +235,7 @@ def _resolve_key(name: str, keys: Iterable[str], axes: Iterable[str] = ()) -> st
         return matches[0]
     if not matches:
         raise ConfigError(f"no config key '{name}' in these runs")
-    on_grid = [k for k in matches if k in set(axes)]
+    on_grid = [k for k in matches if k in axes]
     if len(on_grid) == 1:
         return on_grid[0]
     raise ConfigError(f"'{name}' is ambiguous: {', '.join(matches)} (name one in full)")
@@ -261,7 +257,7 @@ def select_runs(runs: Sequence[RunData], only: dict[str, list[str]],
 
     defaults = _schema_defaults()
     keys = sorted({k for r in runs for k in r.config} | set(defaults))
-    axes = grid_axes(r.path for r in runs if getattr(r, "path", None) is not None)
+    axes = grid_axes(r.path for r in runs)
 
     def resolve(spec: dict[str, list[str]], flag: str) -> list[tuple[str, set[str]]]:
         chosen: list[tuple[str, set[str]]] = []
