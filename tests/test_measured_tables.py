@@ -128,8 +128,9 @@ def test_every_pasted_table_reads_cells_the_repository_holds():
     assert not missing, "pasted tables read directories the repository does not hold:\n" + "\n".join(missing)
 
 
-#: the heading of protocol_results.md's summary of verdicts, a grid of words read off one paired table
-VERDICT_GRID = "## Verdicts so far"
+#: the heading of protocol_results.md's summaries of verdicts (the current one, "## Verdicts so
+#: far", and earlier readings kept as read): each a grid of words read off one paired table
+VERDICT_GRID = "## Verdicts"
 
 
 def verdict_grid(section: str) -> dict[str, list[str]]:
@@ -169,13 +170,18 @@ def test_verdict_grid_helpers_read_rows_and_duplicates():
 
 
 def test_the_verdict_grid_is_the_paired_table_it_summarises():
-    """protocol_results.md's grid of verdicts (FedGMR against each row, column by column, at
-    both readings) is typed by hand: every word of it must be the verdict the paired table
-    pasted below it prints (that table is itself re-derived from the cells above), and every
-    row of that table must be in the grid."""
+    """protocol_results.md's grids of verdicts (FedGMR against each row, column by column, at
+    both readings: the current one and those kept as read) are typed by hand: every word of
+    each must be the verdict the paired table pasted below it prints (that table is itself
+    re-derived from the cells), and every row of that table must be in the grid."""
     text = (REPO / "docs" / "protocol_results.md").read_text(encoding="utf-8")
-    start = text.index(VERDICT_GRID)
-    section = text[start:text.index("\n## ", start + 1)]
+    sections = [part.split("\n## ", 1)[0] for part in text.split("\n" + VERDICT_GRID)[1:]]
+    assert text.count("\n## Verdicts so far") == 1 and len(sections) >= 2, len(sections)
+    for section in sections:
+        _check_verdict_grid(section)
+
+
+def _check_verdict_grid(section: str) -> None:
     (cmd, output), = [t for t in pasted_tables(section) if "--paired-against fedgmr" in t[0]]
     grid, paired = verdict_grid(section.split("```bash", 1)[0]), paired_verdicts(output)
     assert set(grid) == set(paired), (sorted(set(grid) ^ set(paired)), cmd)
