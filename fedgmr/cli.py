@@ -721,6 +721,9 @@ class _SweepDisplay:
         self.enabled, self.live, self.bar, self.task = enabled, live and enabled, None, None
         self.blind = blind
         self.running: set[str] = set()
+        self.started: dict[str, float] = {}  # cell name -> when this sweep started it (monotonic)
+        self.took: list[float] = []  # wall seconds of each cell this sweep ran to the end
+        self.parallel = 0  # the most cells seen running at once (the sweep's --jobs, in effect)
 
     def __enter__(self) -> "_SweepDisplay":
         if self.live:
@@ -741,6 +744,8 @@ class _SweepDisplay:
             return
         if kind == "start":
             self.running.add(cell.name)
+            self.started[cell.name] = time.monotonic()
+            self.parallel = max(self.parallel, len(self.running))
         else:
             self.running.discard(cell.name)
         if self.bar is not None:
@@ -758,7 +763,25 @@ class _SweepDisplay:
             line += f": {cell.error}"
         elif acc is not None and not self.blind:
             line += f"  acc {100 * acc:.2f}%"
+        began = self.started.pop(cell.name, None)
+        if kind == "done" and began is not None:
+            self.took.append(time.monotonic() - began)
+            line += f"  ({_duration(self.took[-1])}"
+            left = total - finished
+            if left:  # the cells of this sweep so far, run as many at once as it has run
+                line += f"; about {_duration(left * sum(self.took) / len(self.took) / max(self.parallel, 1))} left"
+            line += ")"
         typer.echo(line, err=True)
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``12 min 31 s``, ``2 h 05 min``: a wall time for a progress line."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def _table_metric_help() -> str:

@@ -377,3 +377,29 @@ def test_every_shipped_sweep_file_resolves_to_valid_cells(tmp_path: Path):
     spec, root = load_sweep("table7")
     both = [c for c in expand(spec, root) if c.overrides.get("network.ims") is False]
     assert both and {c.overrides["method"] for c in both} == {"fedgmr_wo_buffer"}
+
+
+def test_progress_lines_give_each_cells_wall_time_and_an_estimate_of_the_rest(monkeypatch, capsys):
+    """Off a terminal each finished cell's line ends with its wall time and, while cells are
+    left, the time they should take at the pace of this sweep's cells so far, as many at once
+    as the sweep runs; a skipped cell has neither, and a blind sweep's lines no accuracy."""
+    from types import SimpleNamespace
+
+    import fedgmr.cli as cli
+
+    clock = iter([0.0, 0.0, 600.0, 700.0, 1300.0, 1330.0])  # two cells start; one ends at 600 s, ...
+    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
+    cells = {n: SimpleNamespace(name=n, result={"acc_at_t_star": 0.9}, error=None) for n in "abcde"}
+    display = cli._SweepDisplay(enabled=True, live=False, blind=True)
+    display.event("skip", cells["e"], 1, 5)
+    display.event("start", cells["a"], 1, 5)
+    display.event("start", cells["b"], 1, 5)
+    display.event("done", cells["a"], 2, 5)      # 600 s; 3 left at 600 s each, 2 at once: 900 s
+    display.event("start", cells["c"], 2, 5)     # at 700 s
+    display.event("done", cells["b"], 3, 5)      # 1,300 s; mean 950 s, 2 left, 2 at once: 950 s
+    display.event("done", cells["c"], 4, 5)      # 630 s; mean 843 s, 1 left: 422 s
+    done = "done".ljust(15)
+    assert capsys.readouterr().err.splitlines() == [
+        "[1/5] skipped (done)  e", f"[2/5] {done} a  (10 min 00 s; about 15 min 00 s left)",
+        f"[3/5] {done} b  (21 min 40 s; about 15 min 50 s left)", f"[4/5] {done} c  (10 min 30 s; about 7 min 02 s left)"]
+    assert [cli._duration(s) for s in (42.4, 60, 3599.6, 7500)] == ["42 s", "1 min 00 s", "1 h 00 min", "2 h 05 min"]
