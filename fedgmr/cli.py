@@ -824,6 +824,9 @@ def table(
                                                  "seed-paired difference of this method's row (or a row label "
                                                  "as printed) minus each other row: mean, 95 % interval, p-value "
                                                  "and verdict"),
+    holm: bool = typer.Option(False, "--holm", help="with --paired-against: also each column's p-values "
+                              "Holm-adjusted as one family (its distinct comparisons), with the verdicts they "
+                              "give at a 5 % family-wise error"),
     stable_tol: float = typer.Option(1.0, "--stable-tol", help="--t-star auto: the tolerance, in points of "
                                      "accuracy, within which a cell counts as stable"),
     horizon: Optional[float] = typer.Option(None, "--horizon", help="--t-star auto: the horizon whose values "
@@ -911,7 +914,7 @@ def table(
             built = build_table(runs, found.t_star if t is None else t, rows=row_list,  # type: ignore[union-attr]
                                 cols=col_list, target=target, span=window, mri_of=mri_of or None,
                                 baselines=[b.strip() for b in baselines.split(",") if b.strip()],
-                                value=value, paired_against=paired_against)  # type: ignore[arg-type]
+                                value=value, paired_against=paired_against, holm=holm)  # type: ignore[arg-type]
             if t is None:
                 built.auto = found
             tables.append(built)

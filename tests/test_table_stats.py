@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from fedgmr.cli import app
 from fedgmr.errors import ConfigError
-from fedgmr.experiment.stats import paired_difference, stabilisation_time, stable_from
+from fedgmr.experiment.stats import adjusted_verdict, holm, paired_difference, stabilisation_time, stable_from
 from fedgmr.experiment.table import auto_t_star, build_table, find_runs, read_run, render
 
 #: the two-sided 95 % quantile of t with 2 degrees of freedom: q / sqrt(q² + 2) = 0.95
@@ -130,6 +130,43 @@ def test_table_pairs_each_row_with_the_reference_by_seed(paired_runs: Path):
     assert "ahead" in avg
     csv = render(t, "csv")
     assert "paired_against" in csv.splitlines()[0] and ",level" in csv and ",ahead" in csv
+
+
+def test_holm_adjusts_step_down_by_hand():
+    # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, raised to 0.06 (monotone)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    out = holm([0.2, math.nan, 0.01, 0.6])  # NaN is not a test: m = 3
+    assert out[0] == pytest.approx(0.4) and math.isnan(out[1]) and out[2] == pytest.approx(0.03)
+    assert out[3] == pytest.approx(0.6) and holm([0.9, 0.8]) == [1.0, 1.0] and holm([]) == []  # capped at 1
+    assert [adjusted_verdict(m, p) for m, p in ((0.1, 0.049), (-0.1, 0.01), (0.1, 0.05), (0.1, math.nan))] == \
+        ["ahead", "behind", "level", "n/a"]
+
+
+def test_holm_counts_one_training_under_two_names_once_per_column(paired_runs: Path):
+    """``--holm``: each column's comparisons with the reference are one family; a row that
+    repeats another row's values in every seed (fedavg_ims = fedavg here) is not a second
+    test, so m is 2, not 3; the adjusted p and its verdict are printed and written to CSV."""
+    for seed, b in enumerate((0.80, 0.805, 0.82)):
+        _run(paired_runs, "fedavg_ims", seed, [b] * 60)
+    runs = [read_run(p) for p in find_runs([paired_runs])]
+    t = build_table(runs, 300.0, paired_against="fedgmr", holm=True)
+    cell = lambda m: t.cells[((m,), ())]  # noqa: E731
+    raw = {m: cell(m)["paired"].p for m in ("fedasync", "fedavg")}
+    assert raw["fedavg"] < raw["fedasync"]
+    assert cell("fedavg")["holm"] == cell("fedavg_ims")["holm"] == (pytest.approx(2 * raw["fedavg"]), 2)
+    assert cell("fedasync")["holm"] == (pytest.approx(max(raw["fedasync"], 2 * raw["fedavg"])), 2)
+    text = render(t, "md")
+    assert "Holm-adjusted p-values of the differences above: one family per column" in text
+    holm_part = text.split("Holm-adjusted", 1)[1]
+    line = next(ln for ln in holm_part.splitlines() if ln.startswith("| fedasync"))
+    assert f"p={raw['fedasync']:.3f} level (m=2)" in line
+    csv = render(t, "csv")
+    assert csv.splitlines()[0].endswith("p_holm,holm_m,verdict_holm") and ",2,level" in csv
+    with pytest.raises(ConfigError, match="--holm adjusts the p-values of --paired-against"):
+        build_table(runs, 300.0, holm=True)
+    both = CliRunner().invoke(app, ["table", str(paired_runs), "--t-star", "100,300", "--paired-against", "fedgmr",
+                                    "--holm"])
+    assert both.exit_code == 0 and both.stdout.count("(m=2)") == 6, both.output  # 3 rows x 2 t*
 
 
 def test_paired_against_names_a_row_or_refuses_with_the_rows(paired_runs: Path):

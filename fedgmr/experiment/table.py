@@ -24,7 +24,9 @@ from pydantic import ValidationError
 
 from fedgmr.errors import ConfigError, FedGMRError, RunDirError
 from fedgmr.experiment.rundir import read_run_text
-from fedgmr.experiment.stats import CONFIDENCE, PairedDiff, Stabilisation, paired_difference, stabilisation_time
+from fedgmr.experiment.stats import (ALPHA, CONFIDENCE, PairedDiff, Stabilisation, adjusted_verdict, paired_difference,
+                                     stabilisation_time)
+from fedgmr.experiment.stats import holm as holm_adjust
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, finite_number, flatten_config,
                                       metric_at_t,
                                       metric_series, metric_value, mri, read_run_metrics, read_summary,
@@ -317,6 +319,8 @@ class Table:
     paired_ref: tuple | None = None
     #: how an automatic t* was found (``--t-star auto``), for the caption and the column label
     auto: Stabilisation | None = None
+    #: ``--holm``: the paired cells' ``holm`` entries hold (Holm-adjusted p, family size m)
+    holm: bool = False
 
     @property
     def seeds_per_cell(self) -> int:
@@ -327,13 +331,14 @@ class Table:
 def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("method",),
                 cols: Sequence[str] | None = None, target: float | None = None, span: float | None = None,
                 mri_of: str | None = "fedgmr", baselines: Sequence[str] = PAPER_BASELINES,
-                value: Value = "acc", paired_against: str | None = None) -> Table:
+                value: Value = "acc", paired_against: str | None = None, holm: bool = False) -> Table:
     """Group ``runs`` by every key but the seed and compute each cell's statistics of
     ``value`` (Acc@t*, the final accuracy, or the end time).
 
     ``paired_against``: a method (or a row label as the table prints it, ``fedgmr / True``)
     whose row every other row is compared with, seed by seed, in each column
-    (:func:`~fedgmr.experiment.stats.paired_difference`)."""
+    (:func:`~fedgmr.experiment.stats.paired_difference`). ``holm``: also adjust each
+    column's p-values as one family (:func:`column_holm`)."""
     if not runs:
         raise FedGMRError("no runs to tabulate")
     metrics = sorted({r.metric for r in runs})
@@ -446,8 +451,29 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
                 if r != ref_row and (r, c) in cells:
                     other = cells[(r, c)]
                     other["paired"] = paired_difference(mine, dict(zip(other["seeds"], other["acc"])))
+            if holm:
+                column_holm([cells[(r, c)] for r in row_vals if r != ref_row and (r, c) in cells])
+    elif holm:
+        raise ConfigError("--holm adjusts the p-values of --paired-against: name the reference row with it")
     return Table(t_star, row_keys, col_keys, row_vals, col_vals, cells, mri_of if over else None, over, mri_row,
-                 target, value, metrics[0], mri_note=mri_note, paired_ref=ref_row)
+                 target, value, metrics[0], mri_note=mri_note, paired_ref=ref_row, holm=holm)
+
+
+def column_holm(cells: Sequence[dict[str, Any]]) -> None:
+    """Holm's adjustment over one column's comparisons with the reference, one family per
+    column and t*: sets each cell's ``holm`` to (adjusted p, m). Rows holding the same value
+    in every seed (one training under two names, as ``heterofl_aux`` is ``heterofl_ims``) are
+    one test of the family, not two, so ``m`` counts distinct comparisons."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for cell in cells:
+        d = cell.get("paired")
+        if d is not None and d.n >= 2 and not math.isnan(d.p):
+            groups.setdefault(tuple(sorted(zip(cell["seeds"], cell["acc"]))), []).append(cell)
+    family = list(groups.values())
+    adjusted = holm_adjust([same[0]["paired"].p for same in family])
+    for same, p in zip(family, adjusted):
+        for cell in same:
+            cell["holm"] = (p, len(family))
 
 
 def _reference_row(name: str, row_keys: Sequence[str], row_vals: Sequence[tuple]) -> tuple:
@@ -551,7 +577,7 @@ def join_t_stars(tables: Sequence[Table]) -> Table:
             mri_row[(*c, tag)] = v
     return Table(first.t_star, first.row_keys, [*first.col_keys, "t*"], first.rows, cols, cells, first.mri_of,
                  first.mri_over, mri_row, None, first.value, first.metric, parts=list(tables), mri_note=first.mri_note,
-                 paired_ref=first.paired_ref)
+                 paired_ref=first.paired_ref, holm=first.holm)
 
 
 # ---------------------------------------------------------------------- rendering
@@ -648,6 +674,27 @@ def _paired_frame(table: Table, fmt: Format) -> Any:
         return "–" if cell is None or "paired" not in cell else paired_text(cell["paired"], scale, digits)
 
     return _against_reference_frame(table, fmt, text)
+
+
+def _holm_frame(table: Table, fmt: Format) -> Any:
+    """The Holm-adjusted p-value and its verdict of each paired cell (``--holm``)."""
+    def text(r: tuple, c: tuple) -> str:
+        cell = table.cells.get((r, c))
+        if cell is None or "holm" not in cell:
+            return "–"
+        p, m = cell["holm"]
+        return f"{format_p(p)} {adjusted_verdict(cell['paired'].mean, p)} (m={m})"
+
+    return _against_reference_frame(table, fmt, text)
+
+
+def holm_title(table: Table) -> str:
+    """What the Holm table's cells are, in one paragraph."""
+    ref = _label(table.paired_ref or ())
+    return (f"Holm-adjusted p-values of the differences above: one family per column, its m distinct "
+            f"comparisons with {ref} (rows with the same value in every seed count once); verdict for {ref}: "
+            f"ahead or behind where the adjusted p is below {ALPHA:g}, level otherwise. The "
+            "family-wise error of each column is then at most 5 %; the verdicts above are each at 5 %.")
 
 
 def paired_title(table: Table) -> str:
@@ -774,6 +821,8 @@ def render(table: Table, fmt: Format = "md") -> str:
         parts = [caption(table), "", frame.to_markdown()]
         if table.paired_ref is not None:
             parts += ["", paired_title(table), "", _paired_frame(table, fmt).to_markdown()]
+            if table.holm:
+                parts += ["", holm_title(table), "", _holm_frame(table, fmt).to_markdown()]
         if table.target is not None:
             for title, f in _target_frames(table, fmt):
                 parts += ["", f"{title}, target accuracy {100 * table.target:.1f} %: mean over the seeds "
@@ -785,6 +834,8 @@ def render(table: Table, fmt: Format = "md") -> str:
     parts = [f"% {caption(table)}", frame.to_latex(escape=False)]
     if table.paired_ref is not None:
         parts += [f"% {paired_title(table)}", _paired_frame(table, fmt).to_latex(escape=False)]
+        if table.holm:
+            parts += [f"% {holm_title(table)}", _holm_frame(table, fmt).to_latex(escape=False)]
     if table.target is not None:
         for title, f in _target_frames(table, fmt):
             parts += [f"% {title}, target accuracy {100 * table.target:.1f} %", f.to_latex(escape=False)]
@@ -810,6 +861,9 @@ def _csv(table: Table) -> str:
                        diff_mean=d.mean if d else math.nan, diff_lo=d.lo if d else math.nan,
                        diff_hi=d.hi if d else math.nan, p_value=d.p if d else math.nan,
                        n_pairs=d.n if d else 0, verdict=d.verdict if d else "")
+            if table.holm:
+                p, m = cell.get("holm", (math.nan, 0))
+                rec.update(p_holm=p, holm_m=m, verdict_holm=adjusted_verdict(d.mean, p) if d and m else "")
         if table.target is not None:
             rec.update(target=table.target, time_to_target_mean=float(np.nanmean(cell["tta"]))
                        if not all(math.isnan(t) for t in cell["tta"]) else math.nan,
