@@ -958,16 +958,10 @@ def _note_identical_rows(result: Any) -> None:
     width baselines that size every tier to its bandwidth, and FedAvg with and without
     multicast downloads: docs/protocol_results.md). Their comparisons are not separate
     evidence: say so (stderr; the table is unchanged)."""
-    groups: dict[tuple, list[tuple]] = {}
-    for row in result.rows:
-        cells = [(col, tuple(result.cells[(row, col)]["seeds"]), tuple(result.cells[(row, col)]["acc"]))
-                 for col in result.cols if (row, col) in result.cells]
-        if cells:
-            groups.setdefault(tuple(cells), []).append(row)
-    same = [rows for rows in groups.values() if len(rows) > 1]
-    if same:
-        from fedgmr.experiment.table import _label
+    from fedgmr.experiment.table import _label, same_values
 
+    same = [rows for rows in same_values(result.cells, result.rows, result.cols) if len(rows) > 1]
+    if same:
         shown = "; ".join(" = ".join(_label(r) for r in rows) for rows in same)
         typer.echo(f"note: rows with the same value in every seed of every cell, probably the same training "
                    f"under two names (compare their metrics.jsonl: bytes may differ; their comparisons are not "

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Literal, Sequence
+from typing import Any, Callable, Collection, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import yaml
@@ -452,28 +452,40 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
                     other = cells[(r, c)]
                     other["paired"] = paired_difference(mine, dict(zip(other["seeds"], other["acc"])))
             if holm:
-                column_holm([cells[(r, c)] for r in row_vals if r != ref_row and (r, c) in cells])
+                column_holm(cells, [r for r in row_vals if r != ref_row], c)
     elif holm:
         raise ConfigError("--holm adjusts the p-values of --paired-against: name the reference row with it")
     return Table(t_star, row_keys, col_keys, row_vals, col_vals, cells, mri_of if over else None, over, mri_row,
                  target, value, metrics[0], mri_note=mri_note, paired_ref=ref_row, holm=holm)
 
 
-def column_holm(cells: Sequence[dict[str, Any]]) -> None:
-    """Holm's adjustment over one column's comparisons with the reference, one family per
-    column and t*: sets each cell's ``holm`` to (adjusted p, m). Rows holding the same value
-    in every seed (one training under two names, as ``heterofl_aux`` is ``heterofl_ims``) are
-    one test of the family, not two, so ``m`` counts distinct comparisons."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for cell in cells:
-        d = cell.get("paired")
-        if d is not None and d.n >= 2 and not math.isnan(d.p):
-            groups.setdefault(tuple(sorted(zip(cell["seeds"], cell["acc"]))), []).append(cell)
-    family = list(groups.values())
-    adjusted = holm_adjust([same[0]["paired"].p for same in family])
+def same_values(cells: Mapping[tuple[tuple, tuple], dict[str, Any]], rows: Sequence[tuple],
+                cols: Sequence[tuple]) -> list[list[tuple]]:
+    """The rows grouped by what their cells in ``cols`` hold: rows whose every cell has the
+    same seeds with the same values, to the last digit, share a group (almost surely one
+    training under two names, as ``heterofl_aux`` is ``heterofl_ims`` in Table 1). A row with
+    no cell there is left out; groups in the order of their first row."""
+    groups: dict[tuple, list[tuple]] = {}
+    for row in rows:
+        key = tuple((col, tuple(cells[(row, col)]["seeds"]), tuple(cells[(row, col)]["acc"]))
+                    for col in cols if (row, col) in cells)
+        if key:
+            groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
+def column_holm(cells: dict[tuple[tuple, tuple], dict[str, Any]], rows: Sequence[tuple], col: tuple) -> None:
+    """Holm's adjustment over one column's comparisons with the reference (``rows``: the
+    others), one family per column and t*: sets each paired cell's ``holm`` to (adjusted p,
+    m). Rows of one training (:func:`same_values`) are one test of the family, not two, so
+    ``m`` counts distinct comparisons."""
+    tested = [r for r in rows if (r, col) in cells and "paired" in cells[(r, col)]
+              and cells[(r, col)]["paired"].n >= 2 and not math.isnan(cells[(r, col)]["paired"].p)]
+    family = same_values(cells, tested, [col])
+    adjusted = holm_adjust([cells[(same[0], col)]["paired"].p for same in family])
     for same, p in zip(family, adjusted):
-        for cell in same:
-            cell["holm"] = (p, len(family))
+        for r in same:
+            cells[(r, col)]["holm"] = (p, len(family))
 
 
 def _reference_row(name: str, row_keys: Sequence[str], row_vals: Sequence[tuple]) -> tuple:
