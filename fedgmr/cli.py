@@ -437,7 +437,8 @@ def plot(
     x: str = typer.Option("time", "--x", help="x axis: time (s), step, bytes_up or bytes_total (MB up + down), "
                           "wall (wall-clock s: runs that record wall_time, e.g. Flower)"),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy, loss, avg_density, min_coverage, "
-                        "coverage_min, window_coverage_none, coverage_never or pruned_energy_mean (run.coverage_eval_every)"),
+                        "coverage_min, window_coverage_none, coverage_never or pruned_energy_mean (run.coverage_eval_every), "
+                        "core_accuracy (run.level_eval_every: the global model under the first level's mask)"),
     bands: bool = typer.Option(True, "--bands/--no-bands", help="seeds of one experiment as a mean line with "
                                "a ±1 std band (default), or every run as its own line"),
     levels: bool = typer.Option(False, "--levels", help="one accuracy curve per ladder level (level_accuracy) "

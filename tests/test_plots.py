@@ -77,9 +77,9 @@ def test_wall_clock_of_a_simulator_run_is_one_clear_error():
 def test_bad_axis_or_metric_names_the_option_and_choices():
     with pytest.raises(ConfigError, match=r"'--x': 'bytes' is not one of bytes_total, bytes_up, step, time, wall"):
         axis_values(ROWS, "bytes", "m")
-    with pytest.raises(ConfigError, match=r"'--metric': 'f1' is not one of accuracy, avg_density, coverage_min, "
-                                          r"coverage_never, loss, min_coverage, pruned_energy_mean, "
-                                          r"window_coverage_none$"):
+    with pytest.raises(ConfigError, match=r"'--metric': 'f1' is not one of accuracy, avg_density, core_accuracy, "
+                                          r"coverage_min, coverage_never, loss, min_coverage, "
+                                          r"pruned_energy_mean, window_coverage_none$"):
         metric_values(ROWS, "f1", "m")
 
 
@@ -202,6 +202,36 @@ def test_a_run_without_level_accuracy_says_how_to_get_it():
     with pytest.raises(RunDirError, match=r"no per-level accuracy \('level_accuracy'\): run with "
                                           r"--set run.level_eval_every=N"):
         level_curves([rec(0, 0.1)], "time", "m")
+
+
+def test_core_accuracy_curves_are_the_first_levels_accuracy_with_seed_bands_per_ladder(tmp_path: Path):
+    """``--metric core_accuracy`` (Fig. 2's reading): the first level's accuracy from the
+    records that hold it, the value ``fedgmr table --metric core_accuracy`` reads, seeds of
+    one ladder as one band, one curve per ladder, labelled by it; no density axis."""
+    from fedgmr.experiment.metrics import metric_value
+
+    def core(t: float, acc: float) -> dict[str, Any]:
+        return rec(t, 0.1, levels=[0.2], level_accuracy=[acc])
+
+    runs = []
+    for rho, accs in ((0.2, ((0.5, 0.25, 0.75), (0.7, 0.45, 0.75))), (1.0, ((0.125, 0.5, 0.875), (0.125, 0.5, 0.625)))):
+        for seed, (a0, a1, a2) in enumerate(accs):
+            rows = [core(0, a0), rec(5, 0.1), core(10, a1), core(20, a2)]
+            runs.append(make_run(tmp_path / f"rho{rho}-{seed}", rows, seed=seed, method="fedgmr_wo_gmr",
+                                 submodel={"ladder": [rho]}))
+    assert metric_values([core(0, 0.5)], "core_accuracy", "m").tolist() == [
+        100 * metric_value(core(0, 0.5), "core_accuracy")] == [50.0]
+    curves = metric_curves(runs, x="step", metric="core_accuracy")
+    assert [c.label for c in curves] == ["fedgmr_wo_gmr, ladder=[0.2] (mean ± std, 2 seeds)",
+                                         "fedgmr_wo_gmr, ladder=[1.0] (mean ± std, 2 seeds)"]
+    assert curves[0].x.tolist() == [0.0, 10.0, 20.0]  # the record at step 5 holds no level accuracy
+    assert curves[0].y.tolist() == pytest.approx([60.0, 35.0, 75.0], abs=1e-12)
+    assert curves[1].y.tolist() == pytest.approx([12.5, 50.0, 75.0], abs=1e-12)
+    assert curves[1].band[1].tolist() == pytest.approx([12.5, 50.0, 75.0 + 12.5 * np.sqrt(2)], abs=1e-12)
+    assert all(c.dashed is None for c in curves)
+    with pytest.raises(RunDirError, match=r"has no 'level_accuracy' records, which --metric core_accuracy needs: "
+                                          r"run with --set run.level_eval_every=N"):
+        metric_curves([make_run(tmp_path / "plain", [rec(0, 0.1), rec(5, 0.2)])], metric="core_accuracy")
 
 
 def test_class_curves_one_per_class_and_an_absent_class_has_no_points():
@@ -330,6 +360,12 @@ def test_plot_of_a_real_tiny_run_with_levels(tmp_path: Path):
     levels = level_curves(rows[0], "time", "m")
     assert [lv for lv, _, _ in levels] == rows[0][0]["levels"]
     assert levels[-1][2].tolist() == [100 * r["level_accuracy"][-1] for r in rows[0] if "level_accuracy" in r]
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "s0"), "--metric", "core_accuracy", "--x", "step",
+                                      "--out", str(tmp_path / "core.png")])
+    assert result.exit_code == 0 and (tmp_path / "core.png").read_bytes()[:4] == b"\x89PNG", result.stderr
+    (core,) = metric_curves([tmp_path / "s0"], x="step", metric="core_accuracy")
+    assert core.y.tolist() == levels[0][2].tolist() and core.x.tolist() == [r["step"] for r in rows[0]
+                                                                          if "level_accuracy" in r]
 
 
 def test_many_curves_get_distinct_colours():

@@ -6,7 +6,9 @@ per-client accuracy curves. Pure data preparation (no matplotlib), tested exactl
   records' ``wall_time``: a Flower run has it, a simulator run does not).
 * **metrics** (:data:`METRICS`): ``accuracy`` (in %), ``loss``, ``avg_density``,
   ``min_coverage``, and with ``run.coverage_eval_every`` ``coverage_min``,
-  ``window_coverage_none`` and ``coverage_never`` (in %) and ``pruned_energy_mean``.
+  ``window_coverage_none`` and ``coverage_never`` (in %) and ``pruned_energy_mean``; with
+  ``run.level_eval_every`` ``core_accuracy`` (in %: the global model under the mask of the
+  ladder's first level, as ``fedgmr table --metric core_accuracy`` reads it).
 * **seed bands** (:func:`seed_band`): runs that are seeds of one experiment (the grouping
   of ``fedgmr compare`` and ``fedgmr table``: :func:`~fedgmr.experiment.metrics.experiment_identity`)
   become one curve, the mean over seeds with a ±1 sample std band, each seed linearly
@@ -25,7 +27,7 @@ import numpy as np
 
 from fedgmr.errors import ConfigError, RunDirError
 from fedgmr.experiment.metrics import (EXECUTION_KEYS, experiment_identity, finite_number, flatten_config,
-                                      read_metrics, read_run_config, with_defaults)
+                                      metric_value, read_metrics, read_run_config, with_defaults)
 from fedgmr.registry import Registry
 
 #: bytes in one MB on the plots' axes (the unit of ``network.model_size_mb``)
@@ -45,11 +47,16 @@ class Axis:
 
 @dataclass(frozen=True)
 class Metric:
-    """A y value: its label (with unit), the record key and a scale (1: as recorded)."""
+    """A y value: its label (with unit), the record key and a scale (1: as recorded).
+
+    A metric with ``every`` is derived from ``key`` (:func:`~fedgmr.experiment.metrics.metric_value`
+    under its own name) and logged only every few evaluations, by the ``run.`` setting
+    ``every`` names: its curves hold the records that carry it."""
 
     label: str
     key: str
     scale: float = 1.0
+    every: str | None = None
 
 
 X_AXES: Registry[Axis] = Registry("x axis")
@@ -71,6 +78,8 @@ METRICS.register("window_coverage_none", Metric("coordinates uncovered over the 
                                                 "window_coverage_none", 100.0))
 METRICS.register("coverage_never", Metric("coordinates never covered so far (%)", "coverage_never", 100.0))
 METRICS.register("pruned_energy_mean", Metric("pruned-weight energy ‖θ − θ⊙m‖², client mean", "pruned_energy_mean"))
+METRICS.register("core_accuracy", Metric("accuracy under the first level's mask (%)", "level_accuracy", 100.0,
+                                         every="level_eval_every"))
 
 
 def choice(registry: Registry[Any], name: str, option: str) -> Any:
@@ -104,12 +113,26 @@ def metric_values(rows: Sequence[dict[str, Any]], metric: str, where: str | Path
     spec = choice(METRICS, metric, "--metric")
     out = np.empty(len(rows))
     for n, row in enumerate(rows, 1):
-        value = row.get(spec.key)
+        value = metric_value(row, metric) if spec.every else row.get(spec.key)
         if not finite_number(value):
             what = "no" if spec.key not in row else f"a non-number ({value!r:.40}) in its"
             raise RunDirError(f"{where}: record {n} has {what} '{spec.key}' field, which --metric {metric} needs")
         out[n - 1] = spec.scale * float(value)
     return out
+
+
+def metric_records(rows: Sequence[dict[str, Any]], metric: str, where: str | Path) -> list[dict[str, Any]]:
+    """The records that carry ``metric``: all of them, or for a metric logged every few
+    evaluations (:attr:`Metric.every`) those that hold it; a one-line error naming the
+    ``run.`` setting that logs it when none does."""
+    spec = choice(METRICS, metric, "--metric")
+    if not spec.every:
+        return list(rows)
+    held = [r for r in rows if r.get(spec.key) is not None]
+    if not held:
+        raise RunDirError(f"{where} has no '{spec.key}' records, which --metric {metric} needs: "
+                          f"run with --set run.{spec.every}=N")
+    return held
 
 
 def last_per_x(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -216,11 +216,13 @@ def metric_curves(run_dirs: Sequence[str | Path], x: str = "time", metric: str =
     cv.choice(cv.X_AXES, x, "--x")
     spec = cv.choice(cv.METRICS, metric, "--metric")
     dirs = cv.expand_runs(run_dirs)
-    fields = (("time",) if x == "time" else ()) + (("accuracy", "avg_density") if metric == "accuracy" else (spec.key,))
+    fields = (("time",) if x == "time" else ()) + (("accuracy", "avg_density") if metric == "accuracy" else
+                                                   () if spec.every else (spec.key,))
     rows = {}
     for d in dirs:
-        rows[d] = read_metrics(d)
-        check_records(rows[d], d / "metrics.jsonl", fields)
+        records = read_metrics(d)
+        check_records(records, d / "metrics.jsonl", fields)
+        rows[d] = cv.metric_records(records, metric, d / "metrics.jsonl")
         cv.axis_values(rows[d], x, d / "metrics.jsonl")  # e.g. no 'wall_time' in a simulator run: one line
     groups = cv.group_seeds(dirs) if bands else [[d] for d in dirs]
     labels = cv.group_labels(groups, [_run_name(g[0]) for g in groups])
