@@ -573,3 +573,30 @@ def test_runs_that_end_inside_the_window_are_named_and_full_windows_are_not(tmp_
     counter = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(tmp_path), "--t-star", "25",
                               "--metric", "steps"], capture_output=True, text=True, env=ENV, timeout=scaled(300))
     assert counter.returncode == 0 and "end inside the window" not in counter.stderr, counter.stderr
+
+
+def test_time_to_target_of_another_metric_times_that_metric_and_says_so(tmp_path: Path):
+    """``--metric core_accuracy --target 0.5``: the time at which the first level's accuracy
+    (not the global model's) first reaches 50 %, and the caption names the metric; with
+    the default metric the caption keeps its words."""
+    for seed, start in enumerate((10, 14)):
+        d = tmp_path / f"r{seed}"
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump({
+            "name": "t", "method": "fedgmr_wo_gmr", "seed": seed, "submodel": {"ladder": [0.2]},
+            "run": {"eval_interval": 1.0, "level_eval_every": 1}}))
+        # the global model stays at 10 %; the first level climbs 5 points a second from ``start``
+        rows = [{"time": float(t), "step": t, "accuracy": 0.1, "bytes_up": 0.0, "bytes_down": 0.0,
+                 "levels": [0.2], "level_accuracy": [min(1.0, max(0.1, 0.05 * (t - start)))]} for t in range(31)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "summary.json").write_text(json.dumps({"method": "fedgmr_wo_gmr"}))
+    result = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "20", "--rows", "submodel.ladder",
+                                      "--metric", "core_accuracy", "--target", "0.5"])
+    assert result.exit_code == 0, result.stderr
+    # 50 % at t = start + 10: 20 s and 24 s, mean 22
+    assert "time to target (s), target core_accuracy 50.0 %: mean over the seeds that reached it" in result.stdout
+    ttt = result.stdout.split("time to target (s)")[1].split("MB up")[0]
+    assert ttt.splitlines()[-2].split("|")[1:3] == [" [0.2]             ", "    22 "], ttt
+    plain = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "20", "--rows", "submodel.ladder",
+                                     "--target", "0.5"])
+    assert "time to target (s), target accuracy 50.0 %" in plain.stdout and "| never " in plain.stdout

@@ -822,6 +822,13 @@ def caption(table: Table) -> str:
     return text
 
 
+def _target_words(table: Table) -> str:
+    """The words "target accuracy 90.0 %", naming the table's metric instead when it is not
+    the global model's accuracy (``--metric core_accuracy --target 0.9`` times that metric)."""
+    what = "accuracy" if table.metric == "accuracy" else table.metric
+    return f"target {what} {100 * table.target:.1f} %"
+
+
 def render(table: Table, fmt: Format = "md") -> str:
     """The table as Markdown, LaTeX or CSV (CSV: one line per cell, raw numbers)."""
     if fmt == "csv":
@@ -837,11 +844,11 @@ def render(table: Table, fmt: Format = "md") -> str:
                 parts += ["", holm_title(table), "", _holm_frame(table, fmt).to_markdown()]
         if table.target is not None:
             for title, f in _target_frames(table, fmt):
-                parts += ["", f"{title}, target accuracy {100 * table.target:.1f} %: mean over the seeds "
+                parts += ["", f"{title}, {_target_words(table)}: mean over the seeds "
                               "that reached it", "", f.to_markdown()]
             if table.paired_ref is not None:
-                parts += ["", FIRST_TITLE.format(ref=_label(table.paired_ref)) + f", target accuracy "
-                          f"{100 * table.target:.1f} %", "", _first_frame(table, fmt).to_markdown()]
+                parts += ["", FIRST_TITLE.format(ref=_label(table.paired_ref)) + f", {_target_words(table)}", "",
+                          _first_frame(table, fmt).to_markdown()]
         return "\n".join(parts) + "\n"
     parts = [f"% {caption(table)}", frame.to_latex(escape=False)]
     if table.paired_ref is not None:
@@ -850,10 +857,10 @@ def render(table: Table, fmt: Format = "md") -> str:
             parts += [f"% {holm_title(table)}", _holm_frame(table, fmt).to_latex(escape=False)]
     if table.target is not None:
         for title, f in _target_frames(table, fmt):
-            parts += [f"% {title}, target accuracy {100 * table.target:.1f} %", f.to_latex(escape=False)]
+            parts += [f"% {title}, {_target_words(table)}", f.to_latex(escape=False)]
         if table.paired_ref is not None:
-            parts += [f"% {FIRST_TITLE.format(ref=_label(table.paired_ref))}, target accuracy "
-                      f"{100 * table.target:.1f} %", _first_frame(table, fmt).to_latex(escape=False)]
+            parts += [f"% {FIRST_TITLE.format(ref=_label(table.paired_ref))}, {_target_words(table)}",
+                      _first_frame(table, fmt).to_latex(escape=False)]
     return "\n".join(parts)
 
 
