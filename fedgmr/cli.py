@@ -854,6 +854,9 @@ def table(
             raise ConfigError(f"--t-star takes distinct times >= 0 in virtual seconds (or auto), got '{t_star}'")
         if not math.isfinite(stable_tol) or stable_tol < 0:
             raise ConfigError(f"--stable-tol takes points of accuracy >= 0, got {stable_tol:g}")
+        if window is not None and not (math.isfinite(window) and window > 0):
+            raise ConfigError(f"invalid value for '--window': must be a finite number of seconds > 0 (got {window}; "
+                              f"for the evaluation at t* alone give half the grid step)")
         if None not in t_stars and (horizon is not None or scan_from is not None):
             raise ConfigError("--horizon and --scan-from belong to --t-star auto")
         if fmt not in ("md", "latex", "csv"):

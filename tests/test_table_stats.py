@@ -289,3 +289,20 @@ def test_first_to_target_counts_seed_by_seed(tmp_path: Path):
     fjord = dict(zip(head, next(line for line in csv if line.startswith("fjord")).split(",")))
     assert (fjord["ref_first"], fjord["row_first"], fjord["first_tie"]) == ("1", "1", "2")
     assert "first to the target" not in render(build_table(runs, 100.0, target=0.9), "md")  # needs a reference
+
+
+def test_cells_with_no_value_name_no_rows_as_one_training_and_an_empty_window_is_refused(tmp_path: Path):
+    """A t* past every run's end gives every cell NaN: that is no evidence that two rows are
+    one training, so no row is named (all were, NaN tuples comparing equal). ``--window 0``
+    (a window that holds no evaluation) is refused in one line, as ``fedgmr compare`` does."""
+    for seed in range(3):
+        _run(tmp_path, "fedgmr", seed, [0.5 + 0.01 * seed] * 60)
+        _run(tmp_path, "fjord", seed, [0.4 + 0.02 * seed] * 60)
+    late = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "5000"])
+    assert late.exit_code == 0, late.output
+    assert "n/a" in late.stdout and "probably the same training" not in late.stderr, late.stderr
+    zero = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "100", "--window", "0"])
+    assert zero.exit_code == 2 and zero.stderr.count("\n") == 1, zero.stderr
+    assert "invalid value for '--window': must be a finite number of seconds > 0 (got 0.0" in zero.stderr
+    half = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "100", "--window", "5"])
+    assert half.exit_code == 0 and "| fjord             | 42.00 ± 2.00     |" in half.stdout, half.stdout

@@ -463,12 +463,15 @@ def same_values(cells: Mapping[tuple[tuple, tuple], dict[str, Any]], rows: Seque
                 cols: Sequence[tuple]) -> list[list[tuple]]:
     """The rows grouped by what their cells in ``cols`` hold: rows whose every cell has the
     same seeds with the same values, to the last digit, share a group (almost surely one
-    training under two names, as ``heterofl_aux`` is ``heterofl_ims`` in Table 1). A row with
-    no cell there is left out; groups in the order of their first row."""
+    training under two names, as ``heterofl_aux`` is ``heterofl_ims`` in Table 1). Only
+    values that are numbers count (a window with no evaluation, NaN, says nothing of the
+    training); a row with no such cell there is left out; groups in the order of their
+    first row."""
     groups: dict[tuple, list[tuple]] = {}
     for row in rows:
         key = tuple((col, tuple(cells[(row, col)]["seeds"]), tuple(cells[(row, col)]["acc"]))
-                    for col in cols if (row, col) in cells)
+                    for col in cols if (row, col) in cells
+                    and all(math.isfinite(a) for a in cells[(row, col)]["acc"]))
         if key:
             groups.setdefault(key, []).append(row)
     return list(groups.values())
