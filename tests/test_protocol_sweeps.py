@@ -27,7 +27,7 @@ def _rows() -> list[tuple[str, list[str], list[int]]]:
 
 def test_the_run_tables_are_found():
     names = [r[0] for r in _rows()]
-    assert names == ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8"]
+    assert names == ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9"]
 
 
 @pytest.mark.parametrize("label,files,counts", _rows(), ids=[r[0] for r in _rows()])
