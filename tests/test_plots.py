@@ -392,7 +392,7 @@ def test_a_long_title_is_wrapped_and_leaves_the_figure_its_width(tmp_path: Path)
     title = default_title(labels)
     assert len(title) > 150
     wrapped = wrap_title(title)
-    assert wrapped.split() == title.split() and all(len(line) <= 80 for line in wrapped.splitlines())
+    assert wrapped.split() == title.split() and all(len(line) <= 72 for line in wrapped.splitlines())
     assert wrap_title("test accuracy: fedgmr vs fedavg") == "test accuracy: fedgmr vs fedavg"
     x = np.linspace(0, 100, 11)
     curves = [Curve(label, x, x * 0.5 + i) for i, label in enumerate(labels)]
@@ -434,3 +434,60 @@ def test_plot_only_draws_the_runs_with_the_values_asked_for(tmp_path: Path, monk
                                           "--out", "q.png"])
         assert result.exit_code == 2 and needle in result.stderr, result.stderr
     assert not (tmp_path / "q.png").exists()
+
+
+def test_a_legend_of_long_labels_takes_fewer_columns_and_leaves_the_figure_its_width(tmp_path: Path):
+    """Nine seed-band labels of 50 characters in three columns made the legend wider than the
+    axes, and the saved figure (cut to its contents) grew around it with the axes a strip in
+    its middle (P5's plot). With one column per label that fits, the figure is as wide as
+    with short labels; short labels keep three columns."""
+    from PIL import Image
+
+    from fedgmr.experiment.plots import Curve, draw_curves, legend_columns
+
+    long = [f"fedgmr_wo_gmr, ladder=[{r}] (mean ± std, 3 seeds)" for r in (0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.9, 1.0)]
+    short = [f"method {i}" for i in range(9)]
+    assert legend_columns(short) == 3 and legend_columns(short[:2]) == 2 and legend_columns(long) == 1
+    assert legend_columns(["fjord_ims (mean ± std, 3 seeds)"] * 7) == 2
+    x = np.linspace(0, 100, 11)
+    widths = {}
+    for name, labels in (("short", short), ("long", long)):
+        draw_curves([Curve(label, x, x * 0.5 + i) for i, label in enumerate(labels)], tmp_path / f"{name}.png",
+                    "server step", "accuracy (%)", title="t")
+        with Image.open(tmp_path / f"{name}.png") as img:
+            widths[name] = img.size[0]
+    assert widths["long"] <= widths["short"] * 1.02, widths
+
+
+def test_what_every_label_shares_is_said_once_in_the_title():
+    """A sweep over one method with seed bands: the legend names only the ladder, the title
+    the method and the seed count; nothing is factored out when a label would be left empty
+    or two would become one, or when the curves share nothing."""
+    from fedgmr.experiment.plots import shared_label_parts
+
+    ladders = [f"fedgmr_wo_gmr, ladder=[{r}] (mean ± std, 3 seeds)" for r in (0.1, 1.0)]
+    assert shared_label_parts(ladders) == ("fedgmr_wo_gmr (mean ± std, 3 seeds)", ["ladder=[0.1]", "ladder=[1.0]"])
+    assert shared_label_parts(["fedgmr (mean ± std, 3 seeds)", "fjord_ims (mean ± std, 3 seeds)"]) == (
+        "(mean ± std, 3 seeds)", ["fedgmr", "fjord_ims"])
+    assert shared_label_parts(["fedgmr, heterogeneity=high", "fedgmr, heterogeneity=low"]) == (
+        "fedgmr", ["heterogeneity=high", "heterogeneity=low"])
+    for labels in (["fedgmr (mean ± std, 3 seeds)", "fjord_ims"], ["fedgmr, a=1", "fedgmr"], ["a", "b"], ["one"]):
+        assert shared_label_parts(labels) == ("", labels)
+
+
+def test_the_plot_command_titles_the_shared_parts_and_legends_the_rest(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    import fedgmr.experiment.plots as plots
+
+    for rho in (0.2, 1.0):
+        for seed in (0, 1):
+            make_run(tmp_path / f"rho{rho}-{seed}", [rec(0, 0.1, levels=[rho], level_accuracy=[0.1]),
+                                                      rec(5, 0.2, levels=[rho], level_accuracy=[0.3 + seed / 10])],
+                     seed=seed, method="fedgmr_wo_gmr", submodel={"ladder": [rho]})
+    drawn: dict[str, Any] = {}
+    monkeypatch.setattr(plots, "draw_curves", lambda curves, path, xl, yl, **kw: drawn.update(
+        labels=[c.label for c in curves], title=kw["title"]))
+    plots.plot_metric([tmp_path], tmp_path / "p.png", x="step", metric="core_accuracy")
+    assert drawn == {"labels": ["ladder=[0.2]", "ladder=[1.0]"],
+                     "title": "accuracy under the first level's mask, fedgmr_wo_gmr (mean ± std, 2 seeds): "
+                              "ladder=[0.2] vs ladder=[1.0]"}

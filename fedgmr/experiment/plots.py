@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -38,6 +38,28 @@ def plot_runs(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str | 
         title = default_title([label for label, _ in runs])
     return draw_curves(curves, path, "virtual time (s)", "test accuracy (%)", title=title, vline=t_star,
                        right_label="average density (dashed)")
+
+
+def shared_label_parts(labels: Sequence[str]) -> tuple[str, list[str]]:
+    """What every label shares, said once, and each label without it: a common leading
+    part (whole ``, ``-separated parts: the method of a sweep over one method) and a common
+    trailing `` (...)`` (``(mean ± std, 3 seeds)``). ``("fedgmr_wo_gmr (mean ± std, 3 seeds)",
+    ["ladder=[0.1]", "ladder=[1.0]"])``; ``("", labels)`` when nothing is shared or a label
+    would be left empty. The legend then names only what tells the curves apart."""
+    if len(labels) < 2:
+        return "", list(labels)
+    heads = [label.rsplit(" (", 1) if label.endswith(")") and " (" in label else [label, ""] for label in labels]
+    tail = heads[0][1] if all(h[1] == heads[0][1] for h in heads) else ""
+    bodies = [h[0] if tail else label for h, label in zip(heads, labels)]
+    parts = [b.split(", ") for b in bodies]
+    lead = 0
+    while all(len(p) > lead + 1 and p[lead] == parts[0][lead] for p in parts):
+        lead += 1
+    shared = ", ".join(parts[0][:lead]) + (f" ({tail}" if tail else "")
+    short = [", ".join(p[lead:]) for p in parts]
+    if not shared.strip() or any(not s for s in short) or len(set(short)) < len(short):
+        return "", list(labels)
+    return shared.strip(), short
 
 
 def default_title(labels: Sequence[str], what: str = "test accuracy") -> str:
@@ -115,7 +137,12 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
     """One figure: a line per curve (with its bands), a dashed right-axis series per curve
     that has one, an optional vertical mark (t*)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    below = len(curves) > 1 or legend_loc == "outside"
+    entries = ([c.label for c in curves] + (["t*"] if vline is not None else [])
+               + (["average density (dashed, right axis)"] if any(c.dashed is not None for c in curves) else []))
+    rows = -(-len(entries) // legend_columns(entries)) if below else 0
+    # the axes keep their height however many rows the legend below them takes
+    fig, ax = plt.subplots(figsize=(7.5, 4.2 + 0.17 * max(0, rows - 2)), dpi=120)
     ax2 = ax.twinx() if any(c.dashed is not None for c in curves) else None
     colors = curve_colors(sum(c.color is None for c in curves), plt.rcParams["axes.prop_cycle"].by_key()["color"])
     cycle = 0
@@ -145,10 +172,10 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
 
         handles.append(Line2D([], [], color="grey", lw=1.1, ls="--"))
         labels.append((right_label or "right axis").replace(" (dashed)", "") + " (dashed, right axis)")
-    if len(curves) > 1 or legend_loc == "outside":
+    if below:
         # below the axes: it never covers a curve
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False,
-                  ncol=min(3, len(handles)))
+                  ncol=legend_columns(labels))
     else:
         ax.legend(handles, labels, loc=legend_loc, fontsize=8)
     if title:
@@ -157,7 +184,17 @@ def draw_curves(curves: Sequence[Curve], path: str | Path, xlabel: str, ylabel: 
 
 
 #: characters per title line: about the width of the 7.5-inch axes at the title's font size
-TITLE_WIDTH = 80
+TITLE_WIDTH = 72
+#: characters of 8-point legend text (with each entry's line sample) across the 7.5-inch axes
+LEGEND_WIDTH = 110
+
+
+def legend_columns(labels: Sequence[str], width: int = LEGEND_WIDTH) -> int:
+    """Columns of a legend below the axes: up to 3, as many as fit the axes' width with the
+    longest label (its line sample and spacing: 8 characters more). A legend wider than
+    the axes would widen the saved figure (cut to its contents) and shrink the axes in it."""
+    longest = max((len(label) for label in labels), default=0)
+    return max(1, min(3, len(labels), width // (longest + 8)))
 
 
 def wrap_title(title: str, width: int = TITLE_WIDTH) -> str:
@@ -253,7 +290,12 @@ def plot_metric(run_dirs: Sequence[str | Path], path: str | Path, x: str = "time
 
     curves = metric_curves(run_dirs, x, metric, bands)
     label = METRICS.get(metric).label
-    title = default_title([c.label for c in curves], label.split(" (")[0]) if len(curves) > 1 else None
+    title = None
+    if len(curves) > 1:
+        shared, short = shared_label_parts([c.label for c in curves])
+        curves = [replace(c, label=s) for c, s in zip(curves, short)]
+        what = label.split(" (")[0] + ("" if not shared else f" {shared}" if shared.startswith("(") else f", {shared}")
+        title = default_title(short, what)
     return draw_curves(curves, path, _x_label(x, expand_runs(run_dirs)), label, title=title,
                        vline=t_star if x == "time" else None,
                        right_label="average density (dashed)" if metric == "accuracy" else None)
