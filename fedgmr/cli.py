@@ -1109,6 +1109,46 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
 
 
 @app.command()
+def masks(
+    config: str = typer.Argument(..., help="config file (a sweep's configs/CELL.yaml, a run's config.yaml) or "
+                                 "preset name"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE", help="override a key; repeatable"),
+    imports: list[str] = _import_option(),
+    fmt: str = typer.Option("md", "--format", "-f", help="md or csv"),
+) -> None:
+    """Each ladder level's mask at initialisation, layer by layer: the coordinates it keeps of every prunable layer (builds the experiment: loads its data and initial model)."""
+    import pandas as pd
+
+    if fmt not in ("md", "csv"):
+        _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
+        return
+    _import_user_code(imports)
+    try:
+        cfg = resolve(config, set_)
+        from fedgmr.experiment.build import build_experiment
+        from fedgmr.experiment.mask_report import layer_rows, policy_masks
+
+        exp = build_experiment(cfg)
+        ladder, level_masks = policy_masks(exp)
+        frame = pd.DataFrame(layer_rows(exp.space, level_masks, ladder))
+    except FedGMRError as exc:
+        _fail(exc)
+        return
+    if fmt == "csv":
+        typer.echo(frame.to_csv(index=False), nl=False)
+        return
+    s = cfg.submodel
+    typer.echo(f"Coordinates each ladder level's mask keeps at initialisation, per prunable layer (method "
+               f"{cfg.method}, seed {cfg.seed}; submodel.policy {s.policy}, layer_floor {s.layer_floor:g}, "
+               f"density_basis {s.density_basis}, cost_weighted {s.cost_weighted}).\n")
+    frame["level"] = [f"{v:g}" for v in frame["level"]]
+    frame["kept"] = [f"{v:,}" for v in frame["kept"]]
+    frame["of"] = [f"{v:,}" for v in frame["of"]]
+    frame["kept (%)"] = [f"{v:.1f}" for v in frame.pop("kept_pct")]
+    typer.echo(frame.to_markdown(index=False, disable_numparse=True))
+
+
+@app.command()
 def methods(imports: list[str] = _import_option("first")) -> None:
     """List the available methods (with those your --import or plugins register)."""
     from fedgmr.methods import METHODS

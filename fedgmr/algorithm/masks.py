@@ -236,6 +236,17 @@ def floor_count(space: ParamSpace, floor: float) -> int:
     return sum(min(p.numel, max(1, math.ceil(floor * p.numel))) for p in space.prunable_layers)
 
 
+def floor_sets_size(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "model") -> bool:
+    """Whether a mask of ``density`` is larger than asked for because the per-layer floor's
+    total is more than the density leaves for the prunable weights (:func:`prefix_length`
+    takes the floor then): every prunable layer then holds just its floor."""
+    if basis == "prunable":
+        k = int(round(density * space.num_prunable))
+    else:
+        k = int(round(density * space.numel)) - (space.numel - space.num_prunable)
+    return density < 1.0 and k < floor_count(space, floor)
+
+
 def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "model") -> int:
     """How many ranked (prunable) coordinates a mask of ``density`` takes.
 

@@ -17,7 +17,8 @@ import torch
 
 from fedgmr.algorithm.encoding import mask_code_nbytes
 from fedgmr.algorithm.maskinfo import frozen, mask_count
-from fedgmr.algorithm.masks import ims_increments, magnitude_ranking, nested_masks, nested_ranked_masks
+from fedgmr.algorithm.masks import (floor_sets_size, ims_increments, magnitude_ranking, nested_masks,
+                                    nested_ranked_masks)
 from fedgmr.algorithm.params import ParamSpace
 from fedgmr.registry import Registry
 
@@ -119,6 +120,17 @@ class MagnitudePolicy(SubmodelPolicy):
         self._rebuild(params)
         sizes = [mask_count(m) for m in self._masks]
         same = [(a, b) for (a, b), (x, y) in zip(zip(self.ladder, self.ladder[1:]), zip(sizes, sizes[1:])) if x == y]
+        floored = [(d, m) for d, m in zip(self.ladder, self._masks) if floor_sets_size(space, d, floor, basis)]
+        if floored:
+            kept = space.numel - space.num_prunable
+            held = [mask_count(m) / space.numel if basis == "model" else (mask_count(m) - kept) / space.num_prunable
+                    for _, m in floored]
+            log.warning("density level(s) %s hold more than asked for (%s of the %s): the per-layer floor "
+                        "(submodel.layer_floor %g) keeps %g of every prunable layer%s, and that is the smallest "
+                        "mask there is; every prunable layer holds just its floor (fedgmr masks shows each layer)",
+                        ", ".join(f"{d:g}" for d, _ in floored), ", ".join(f"{h:.4f}" for h in held),
+                        "model" if basis == "model" else "prunable weights", floor, floor,
+                        " and the always-kept coordinates come on top" if basis == "model" else "")
         if same:
             kept = space.numel - space.num_prunable
             log.warning("density levels %s give identical masks: the always-kept coordinates (output layer, "
