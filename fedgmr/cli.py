@@ -1116,7 +1116,8 @@ def masks(
     imports: list[str] = _import_option(),
     fmt: str = typer.Option("md", "--format", "-f", help="md or csv"),
 ) -> None:
-    """Each ladder level's mask at initialisation, layer by layer: the coordinates it keeps of every prunable layer (builds the experiment: loads its data and initial model)."""
+    """Each ladder level's mask at initialisation, layer by layer: the coordinates it keeps \
+of every prunable layer (builds the experiment: loads its data and initial model)."""
     import pandas as pd
 
     if fmt not in ("md", "csv"):
