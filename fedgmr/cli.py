@@ -1056,6 +1056,15 @@ holds no checkpoint."""
         typer.echo(frame.to_markdown(index=False))
 
 
+def _md_or_csv(fmt: str) -> bool:
+    """Whether ``--format`` is md or csv, the two a frame of ``tiers`` or ``masks`` prints as;
+    otherwise the one-line usage error (exit 2) is already out."""
+    if fmt in ("md", "csv"):
+        return True
+    _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
+    return False
+
+
 @app.command()
 def tiers(
     dirs: list[Path] = typer.Argument(..., help="run or sweep directories: the seeds of one configuration"),
@@ -1075,8 +1084,7 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
     from fedgmr.experiment.tiers import mean_rows, tier_participation
     from fedgmr.sim.network import tier_densities
 
-    if fmt not in ("md", "csv"):
-        _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
+    if not _md_or_csv(fmt):
         return
     try:
         runs = _select([read_run(p) for p in find_runs(dirs)], only, exclude)
@@ -1120,8 +1128,7 @@ def masks(
 of every prunable layer (builds the experiment: loads its data and initial model)."""
     import pandas as pd
 
-    if fmt not in ("md", "csv"):
-        _fail(ConfigError(f"invalid value for '--format': must be md or csv (got {fmt!r})"))
+    if not _md_or_csv(fmt):
         return
     _import_user_code(imports)
     try:
