@@ -236,15 +236,23 @@ def floor_count(space: ParamSpace, floor: float) -> int:
     return sum(min(p.numel, max(1, math.ceil(floor * p.numel))) for p in space.prunable_layers)
 
 
+def _asked_length(space: ParamSpace, density: float, basis: str) -> int:
+    """How many ranked (prunable) coordinates ``density`` asks for, before the floor and
+    the model's size bound it (:func:`prefix_length`)."""
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    if basis == "prunable":
+        return int(round(density * space.num_prunable))
+    if basis == "model":
+        return int(round(density * space.numel)) - (space.numel - space.num_prunable)
+    raise ValueError(f"basis must be 'prunable' or 'model', got {basis!r}")
+
+
 def floor_sets_size(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "model") -> bool:
     """Whether a mask of ``density`` is larger than asked for because the per-layer floor's
     total is more than the density leaves for the prunable weights (:func:`prefix_length`
     takes the floor then): every prunable layer then holds just its floor."""
-    if basis == "prunable":
-        k = int(round(density * space.num_prunable))
-    else:
-        k = int(round(density * space.numel)) - (space.numel - space.num_prunable)
-    return density < 1.0 and k < floor_count(space, floor)
+    return density < 1.0 and _asked_length(space, density, basis) < floor_count(space, floor)
 
 
 def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis: str = "model") -> int:
@@ -255,14 +263,7 @@ def prefix_length(space: ParamSpace, density: float, floor: float = 0.02, basis:
     coordinates, the always-kept ones included, so its payload is rho of the full model's.
     Never below the per-layer floor's total, never above ``P``.
     """
-    if not 0.0 < density <= 1.0:
-        raise ValueError(f"density must be in (0, 1], got {density}")
-    if basis == "prunable":
-        k = int(round(density * space.num_prunable))
-    elif basis == "model":
-        k = int(round(density * space.numel)) - (space.numel - space.num_prunable)
-    else:
-        raise ValueError(f"basis must be 'prunable' or 'model', got {basis!r}")
+    k = _asked_length(space, density, basis)
     if density >= 1.0:
         k = space.num_prunable
     return min(space.num_prunable, max(k, floor_count(space, floor)))
