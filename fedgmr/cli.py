@@ -34,6 +34,14 @@ def _exclude_option(verb: str) -> Any:
                         "out one column, Medium IID); repeatable")
 
 
+def _drop_option(verb: str) -> Any:
+    """``--drop``, one more group of ``--exclude`` conditions per flag."""
+    return typer.Option([], "--drop", metavar="'KEY=V[,V] KEY=V...'",
+                        help=f"{verb} without the runs that match every KEY=V of this one flag, written as for "
+                        "--only and separated by spaces (--drop 'heterogeneity=medium partition=iid'); "
+                        "repeatable: a run matching any --drop, or every --exclude, is left out")
+
+
 def _import_option(what: str = "before anything runs") -> Any:
     """The repeatable ``--import`` option of the commands that read configs."""
     return typer.Option([], "--import", metavar="MODULE",
@@ -453,6 +461,7 @@ def plot(
                                    "key, as for fedgmr table (--only heterogeneity=high --only "
                                    "method=fedgmr,fjord_ims); repeatable"),
     exclude: list[str] = _exclude_option("plot"),
+    drop: list[str] = _drop_option("plot"),
 ) -> None:
     """Plot accuracy (and average density, dashed) or another metric of runs.
 
@@ -481,11 +490,11 @@ disagree on t* (without --t-star) with code 2."""
                 raise ConfigError(f"{flag} plots {what}: drop --metric {metric}")
             if len(runs) != 1:
                 raise ConfigError(f"{flag} plots one run: give one run directory (got {len(runs)})")
-            if only or exclude:
-                raise ConfigError(f"{flag} plots one run: drop --only and --exclude")
+            if only or exclude or drop:
+                raise ConfigError(f"{flag} plots one run: leave out --only, --exclude and --drop")
             single[flag][1](runs[0], out, x=x)
         else:
-            dirs = _select_run_dirs(expand_runs(runs), only, exclude)
+            dirs = _select_run_dirs(expand_runs(runs), only, exclude, drop)
             if t_star is None:  # not given: the t* the runs' summaries agree on
                 mark = summary_t_star(dirs, required=False)
             plot_metric(dirs, out, x=x, metric=metric, bands=bands, t_star=mark)
@@ -495,27 +504,35 @@ disagree on t* (without --t-star) with code 2."""
     typer.echo(str(out))
 
 
-def _select_run_dirs(dirs: list[Path], only: list[str], exclude: list[str] | None = None) -> list[Path]:
+def _select_run_dirs(dirs: list[Path], only: list[str], exclude: list[str] | None = None,
+                     drop: list[str] | None = None) -> list[Path]:
     """The run directories whose config has one of the ``--only`` values of each named key,
-    less those matching every ``--exclude`` (``fedgmr table``'s selection, on the configs
-    alone); ConfigError when none is left."""
+    less those matching every ``--exclude`` or all of one ``--drop`` (``fedgmr table``'s
+    selection, on the configs alone); ConfigError when none is left."""
     from fedgmr.experiment.table import RunData, read_run_config
 
-    if not only and not exclude:
+    if not only and not exclude and not drop:
         return list(dirs)
     runs = [RunData(d, read_run_config(d), [], [], [], [], None) for d in dirs]
-    return [r.path for r in _select(runs, only, exclude or [])]
+    return [r.path for r in _select(runs, only, exclude or [], drop or [])]
 
 
-def _select(runs: list[Any], only: list[str], exclude: list[str]) -> list[Any]:
-    """The runs ``--only`` keeps and ``--exclude`` does not drop (``select_runs``);
-    ConfigError naming both options when none is left."""
+def _select(runs: list[Any], only: list[str], exclude: list[str], drop: list[str] = ()) -> list[Any]:
+    """The runs ``--only`` keeps and neither ``--exclude`` (one group of conditions, all
+    its flags together) nor a ``--drop`` (one group per flag) leaves out (``select_runs``);
+    ConfigError naming the options when none is left."""
     from fedgmr.experiment.sweep import parse_only
     from fedgmr.experiment.table import select_runs
 
-    kept = select_runs(runs, parse_only(only), parse_only(exclude, "--exclude"))
+    groups = [parse_only(exclude, "--exclude")] + [parse_only(d.split(), "--drop") for d in drop]
+    for d, group in zip(drop, groups[1:]):
+        if not group:
+            raise ConfigError(f"--drop expects axis=value[,value...] separated by spaces, got '{d}'")
+    flags = ["--exclude"] + ["--drop"] * len(drop)
+    kept = select_runs(runs, parse_only(only), groups, flags)
     if not kept:
-        asked = " ".join([*(f"--only {o}" for o in only), *(f"--exclude {e}" for e in exclude)])
+        asked = " ".join([*(f"--only {o}" for o in only), *(f"--exclude {e}" for e in exclude),
+                          *(f"--drop '{d}'" for d in drop)])
         raise ConfigError(f"no run is left by {asked}" if asked else "no finished run found")
     return kept
 
@@ -820,6 +837,7 @@ def table(
                                    "of a key (--only heterogeneity=high --only method=fjord,fjord_aux); "
                                    "repeatable"),
     exclude: list[str] = _exclude_option("tabulate"),
+    drop: list[str] = _drop_option("tabulate"),
     metric: Optional[str] = typer.Option(None, "--metric", help=_table_metric_help()),
     paired_against: Optional[str] = typer.Option(None, "--paired-against", help="also print, per cell, the "
                                                  "seed-paired difference of this method's row (or a row label "
@@ -891,7 +909,7 @@ def table(
                                   f"run.level_eval_every)")
             typer.echo(f"note: {len(lacking)} run(s) without {metric!r} left out: "
                        f"{', '.join(str(p) for p in lacking[:3])}{' ...' if len(lacking) > 3 else ''}", err=True)
-        runs = _select(runs, only, exclude)
+        runs = _select(runs, only, exclude, drop)
         row_list = [k.strip() for k in rows.split(",") if k.strip()]
         col_list = None if cols is None else [k.strip() for k in cols.split(",") if k.strip()]
         found = None
@@ -1002,6 +1020,7 @@ def evaluate(
                                    "of a key, as for fedgmr table (--only heterogeneity=high --only "
                                    "method=fedgmr,fiarse_ims); repeatable"),
     exclude: list[str] = _exclude_option("evaluate"),
+    drop: list[str] = _drop_option("evaluate"),
     blind: bool = typer.Option(False, "--blind", help="with --save: print no accuracy, only how many results "
                                "were kept (for the cells of a grid not yet read, as fedgmr sweep --blind)"),
 ) -> None:
@@ -1028,7 +1047,7 @@ holds no checkpoint."""
     rows, kept = [], 0
     try:
         paths = find_runs(dirs)
-        for path in _select_run_dirs(paths, only, exclude):
+        for path in _select_run_dirs(paths, only, exclude, drop):
             result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
             if saved and not levels:
                 result.levels, result.level_accuracy = [], []
@@ -1071,6 +1090,7 @@ def tiers(
     only: list[str] = typer.Option([], "--only", help="read part of the runs: those with one of these values of a "
                                    "key (--only method=fedgmr_fixed_time); repeatable"),
     exclude: list[str] = _exclude_option("read"),
+    drop: list[str] = _drop_option("read"),
     fmt: str = typer.Option("md", "--format", "-f", help="md or csv"),
 ) -> None:
     """Participation per bandwidth tier: density, MB per model and uploads per step, before \
@@ -1087,7 +1107,7 @@ and after each tier's first restoration (the paper's Table 12), mean over the se
     if not _md_or_csv(fmt):
         return
     try:
-        runs = _select([read_run(p) for p in find_runs(dirs)], only, exclude)
+        runs = _select([read_run(p) for p in find_runs(dirs)], only, exclude, drop)
         per_run, configs = [], []
         for run in runs:
             flat = run.config

@@ -89,17 +89,19 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             assert ("per_seed" in out.splitlines()[0]) if args[-2:] == ["--format", "csv"] else \
                 "mean ± sample std (ddof = 1) across seeds" in out, out
             return
+        groups = _excluded(args)
+        kept = _kept_overrides(groups)  # the documented runs, matching no --exclude/--drop group
         for i, d in enumerate(dirs):  # several directories: more seeds of one experiment
-            _fake_runs(tmp_path / d, "docs" if len(dirs) > 1 else None, first_seed=2 * i)
-        dropped = _excluded(args)
-        if dropped:  # runs with every --exclude value beside them: the table must leave them out
-            for d in dirs:
-                _fake_runs(tmp_path / d / "excluded", "docs", overrides=dropped)
+            _fake_runs(tmp_path / d, "docs" if len(dirs) > 1 else None, first_seed=2 * i, overrides=kept)
+        for g, dropped in enumerate(groups):  # runs matching an --exclude or --drop group beside them:
+            for d in dirs:                    # the table must leave them out
+                _fake_runs(tmp_path / d / f"excluded-{g}", "docs", overrides=dropped)
         proc = run_cli(args, tmp_path)
         assert proc.returncode == 0, f"{where}\n{proc.stderr}"
         assert "mean ± sample std (ddof = 1) across seeds" in proc.stdout
         assert f"{2 * len(dirs)} seeds per cell" in proc.stdout
-        assert "method" not in dropped or f"| {dropped['method']} " not in proc.stdout, proc.stdout
+        for dropped in groups:
+            assert dropped.get("method", "fedgmr") == "fedgmr" or f"| {dropped['method']} " not in proc.stdout
         return
     elif sub == "plot":  # exactly as written, on small run directories made where it names them
         if _reads_measured(args):  # drawn into tmp_path, not docs/img
@@ -322,15 +324,31 @@ def _positional(args: list[str]) -> list[str]:
     return out
 
 
-#: where `--exclude KEY=VALUE`'s short keys sit in a fake run's config
+#: where `--exclude KEY=VALUE`'s (and `--drop`'s) short keys sit in a fake run's config
 _FAKE_KEYS = {"method": ("method",), "heterogeneity": ("clients", "heterogeneity"),
               "partition": ("data", "partition")}
 
 
-def _excluded(args: list[str]) -> dict[str, str]:
-    """A documented command's ``--exclude KEY=VALUE`` pairs (the first value of each)."""
-    pairs = [args[i + 1].partition("=") for i, a in enumerate(args[:-1]) if a == "--exclude"]
-    return {key: values.split(",")[0] for key, _, values in pairs}
+def _excluded(args: list[str]) -> list[dict[str, str]]:
+    """A documented command's groups of left-out runs: its ``--exclude KEY=VALUE`` pairs
+    together, then each ``--drop 'KEY=VALUE ...'`` (the first value of each key)."""
+    def group(items: list[str]) -> dict[str, str]:
+        return {key: values.split(",")[0] for key, _, values in (item.partition("=") for item in items)}
+
+    excluded = group([args[i + 1] for i, a in enumerate(args[:-1]) if a == "--exclude"])
+    drops = [group(args[i + 1].split()) for i, a in enumerate(args[:-1]) if a == "--drop"]
+    return [g for g in (excluded, *drops) if g]
+
+
+def _kept_overrides(groups: list[dict[str, str]]) -> dict[str, str]:
+    """Overrides that give the fake runs a heterogeneity no left-out group matches (a
+    documented ``--drop 'method=fedgmr heterogeneity=high'`` names the fakes' defaults)."""
+    defaults = {"method": "fedgmr", "heterogeneity": "high", "partition": "dirichlet"}
+    for kept in ({}, {"heterogeneity": "low"}, {"heterogeneity": "medium"}):
+        run = {**defaults, **kept}
+        if not any(all(run.get(k) == v for k, v in g.items()) for g in groups):
+            return kept
+    raise AssertionError(f"every fake heterogeneity is left out by {groups}")
 
 
 def _fake_runs(root: Path, name: str | None = None, first_seed: int = 0,

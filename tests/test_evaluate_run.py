@@ -167,7 +167,7 @@ def test_saved_evaluations_that_are_missing_damaged_or_stale_are_refused_in_one_
 
 def test_only_evaluates_part_of_a_sweep_directory(tmp_path: Path):
     """`--only KEY=VALUES` keeps the runs of a directory whose config has one of the values,
-    as `fedgmr table --only` does (`--exclude` leaves them out); a value no run has is
+    as `fedgmr table --only` does (`--exclude` and `--drop` leave them out); a value no run has is
     refused, naming the values there are."""
     runs = tmp_path / "sweep"
     for method in ("fedgmr", "fedgmr_wo_gmr"):
@@ -184,5 +184,10 @@ def test_only_evaluates_part_of_a_sweep_directory(tmp_path: Path):
     rest = fedgmr("evaluate", str(runs), "--saved", "--exclude", "method=fedgmr")
     assert rest.returncode == 0, rest.stderr
     assert [line for line in rest.stdout.splitlines() if line.startswith("| fedgmr")] == rows
+    dropped = fedgmr("evaluate", str(runs), "--saved", "--drop", "method=fedgmr_wo_gmr", "--drop", "method=fedgmr")
+    assert dropped.returncode != 0 and "no run is left by --drop 'method=fedgmr_wo_gmr' --drop 'method=fedgmr'" \
+        in dropped.stderr
+    kept = fedgmr("evaluate", str(runs), "--saved", "--drop", "method=fedgmr seed=0")
+    assert [line for line in kept.stdout.splitlines() if line.startswith("| fedgmr")] == rows
     none = fedgmr("evaluate", str(runs), "--saved", "--only", "method=fjord")
     assert none.returncode != 0 and "no run has fjord" in none.stderr and "fedgmr_wo_gmr" in none.stderr

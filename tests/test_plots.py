@@ -424,12 +424,19 @@ def test_plot_only_draws_the_runs_with_the_values_asked_for(tmp_path: Path, monk
     result = CliRunner().invoke(app, ["plot", "sweep", "--exclude", "method=fedavg", "--exclude",
                                       "heterogeneity=low", "--out", "p.png"])
     assert result.exit_code == 0, result.stderr
+    result = CliRunner().invoke(app, ["plot", "sweep", "--drop", "method=fedavg heterogeneity=low", "--drop",
+                                      "method=fjord_ims seed=0", "--out", "p.png"])
+    assert result.exit_code == 0, result.stderr
     assert drawn == [["fedgmr-0", "fedgmr-1", "fjord_ims-0", "fjord_ims-1"], ["fedavg-0", "fedgmr-0"],
-                     ["fedavg-0", "fedgmr-0", "fedgmr-1", "fjord_ims-0", "fjord_ims-1"]]
+                     ["fedavg-0", "fedgmr-0", "fedgmr-1", "fjord_ims-0", "fjord_ims-1"],
+                     ["fedavg-0", "fedgmr-0", "fedgmr-1", "fjord_ims-1"]]
     for args, needle in ((["--only", "method=fiarse"], "--only method: no run has fiarse (values: fedavg, "
                                                        "fedgmr, fjord_ims)"),
                          (["--only", "method=fedgmr", "--levels"], "--levels plots one run"),
-                         (["--exclude", "seed=0,1"], "no run is left by --exclude seed=0,1")):
+                         (["--exclude", "seed=0,1"], "no run is left by --exclude seed=0,1"),
+                         (["--drop", "seed=0", "--levels"],
+                          "--levels plots one run: leave out --only, --exclude and --drop"),
+                         (["--drop", "seed=0,1 method"], "--drop expects axis=value")):
         result = CliRunner().invoke(app, ["plot", "sweep" if "--levels" not in args else "sweep/fedgmr-0", *args,
                                           "--out", "q.png"])
         assert result.exit_code == 2 and needle in result.stderr, result.stderr

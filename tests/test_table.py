@@ -416,6 +416,52 @@ def test_cli_table_exclude_drops_one_column_of_the_grid(grid: Path):
     assert bad.exit_code == 2 and "--exclude expects axis=value" in bad.stderr
 
 
+def test_exclude_groups_leave_out_the_runs_matching_any_one_group(grid: Path):
+    """``exclude`` as a list of groups (``--drop``, one per flag): a run is left out when it
+    matches every key of any one group, and kept otherwise; each group's values are checked
+    against every run and an error names the group's own flag."""
+    runs = [read_run(p) for p in find_runs([grid])]
+
+    def kept(groups: list, flags: list | None = None) -> list[tuple[str, str, int]]:
+        return sorted((r.config["method"], r.config["clients.heterogeneity"], r.seed)
+                      for r in select_runs(runs, {}, groups, flags))
+
+    both = kept([{"heterogeneity": ["low"], "method": ["fedavg"]}, {"method": ["fedgmr"], "seed": ["1", "2"]}])
+    assert both == [("fedavg", "high", 0), ("fedavg", "high", 1), ("fedavg", "high", 2),
+                    ("fedgmr", "high", 0), ("fedgmr", "low", 0)]
+    # one group is --exclude as it always was; an empty group drops nothing
+    assert kept([{"heterogeneity": ["low"], "method": ["fedavg"]}]) == \
+        sorted((r.config["method"], r.config["clients.heterogeneity"], r.seed)
+               for r in select_runs(runs, {}, {"heterogeneity": ["low"], "method": ["fedavg"]}))
+    assert len(kept([{}, {}])) == 12
+    with pytest.raises(ConfigError, match=r"--drop seed: no run has 7 \(values: 0, 1, 2\)"):
+        kept([{"method": ["fedavg"]}, {"seed": ["7"]}], ["--exclude", "--drop"])
+
+
+def test_cli_drop_leaves_out_two_groups_that_one_exclude_cannot_say(grid: Path):
+    """``--drop 'K=V K2=V2'`` (repeatable) on ``fedgmr table`` (``plot``, ``evaluate`` and
+    ``tiers``: their own tests): each flag is one group; with ``--exclude`` its flags are one more. Low's
+    FedAvg and FedGMR's seeds 1-2 together leave FedAvg Low out and FedGMR with seed 0
+    only; a malformed group is a one-line error."""
+    result = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--format", "csv",
+                                      "--exclude", "heterogeneity=low", "--exclude", "method=fedavg",
+                                      "--drop", "method=fedgmr seed=1,2"])
+    assert result.exit_code == 0, result.stderr
+    frame = pd.read_csv(io.StringIO(result.stdout))
+    assert sorted(zip(frame["method"], frame["clients.heterogeneity"], frame["n_seeds"])) == \
+        [("fedavg", "high", 3), ("fedgmr", "high", 1), ("fedgmr", "low", 1)]
+    same = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--format", "csv",
+                                    "--drop", "heterogeneity=low method=fedavg", "--drop", "method=fedgmr seed=1,2"])
+    assert same.exit_code == 0 and same.stdout == result.stdout
+    bad = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--drop", "seed"])
+    assert bad.exit_code == 2 and "--drop expects axis=value" in bad.stderr
+    none = CliRunner().invoke(app, ["table", str(grid), "--t-star", "10", "--only", "method=fedavg",
+                                    "--drop", "method=fedavg heterogeneity=high", "--drop", "heterogeneity=low"])
+    assert none.exit_code == 2
+    assert ("no run is left by --only method=fedavg --drop 'method=fedavg heterogeneity=high' "
+            "--drop 'heterogeneity=low'") in none.stderr
+
+
 def test_cli_table_only_gives_the_table_of_the_chosen_runs(grid: Path):
     proc = subprocess.run([sys.executable, "-m", "fedgmr", "table", str(grid), "--t-star", "10",
                            "--only", "heterogeneity=low", "--only", "method=fedgmr,fedavg", "--format", "csv"],

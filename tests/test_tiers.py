@@ -86,6 +86,8 @@ def test_tiers_of_a_fixed_time_run_from_the_command_line(tmp_path: Path):
     assert only.returncode == 0 and only.stdout == md.stdout
     rest = fedgmr_in_process("tiers", str(tmp_path / "runs"), "--exclude", "method=fedgmr")
     assert rest.returncode == 0 and rest.stdout == md.stdout  # the other run left out, as by --only
+    dropped = fedgmr_in_process("tiers", str(tmp_path / "runs"), "--drop", "method=fedgmr max_steps=4")
+    assert dropped.returncode == 0 and dropped.stdout == md.stdout  # one --drop group: the other run
 
 
 def test_core_accuracy_is_the_global_model_under_the_first_levels_mask(tmp_path: Path):

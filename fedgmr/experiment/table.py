@@ -244,16 +244,25 @@ def _resolve_key(name: str, keys: Iterable[str], axes: Collection[str] = ()) -> 
 
 
 def select_runs(runs: Sequence[RunData], only: dict[str, list[str]],
-                exclude: dict[str, list[str]] | None = None) -> list[RunData]:
+                exclude: dict[str, list[str]] | Sequence[dict[str, list[str]]] | None = None,
+                exclude_flags: Sequence[str] | None = None) -> list[RunData]:
     """The runs whose value of each named key is one of the listed values: ``--only`` of
     ``fedgmr table`` (``{"heterogeneity": ["high"], "method": ["fjord", "fjord_aux"]}``),
     less those that match every key of ``exclude`` (``--exclude``: ``{"heterogeneity":
     ["medium"], "partition": ["iid"]}`` leaves out one column, Medium IID, and keeps Medium
-    non-IID). Keys are short or dotted config keys, or a sweep's case axis, as for
-    ``--rows``; values as they are written in a sweep's cell names (``high``,
-    ``0.05+0.1``). A run without the key ran with its default. ConfigError naming the
-    values there are, for a key or a value that matches nothing."""
-    if not only and not exclude:
+    non-IID). ``exclude`` may be a list of such groups (``--drop``, one per flag): a run
+    matching all keys of any one of them is left out; ``exclude_flags`` names each group's
+    option in errors (default ``--exclude``). Keys are short or dotted config
+    keys, or a sweep's case axis, as for ``--rows``; values as they are written in a
+    sweep's cell names (``high``, ``0.05+0.1``). A run without the key ran with its
+    default. ConfigError naming the values there are, for a key or a value that matches
+    nothing."""
+    groups = [exclude] if isinstance(exclude, dict) else list(exclude or [])
+    flags = list(exclude_flags or ["--exclude"] * len(groups))
+    if len(flags) != len(groups):
+        raise ValueError("exclude_flags names each group of exclude")
+    flags, groups = [f for f, g in zip(flags, groups) if g], [g for g in groups if g]
+    if not only and not groups:
         return list(runs)
     from fedgmr.experiment.sweep import _label
 
@@ -279,8 +288,8 @@ def select_runs(runs: Sequence[RunData], only: dict[str, list[str]],
         return all(_label(run.config.get(k, defaults.get(k))) in vs for k, vs in chosen)
 
     kept_by = resolve(only, "--only")
-    dropped_by = resolve(exclude or {}, "--exclude")
-    return [r for r in runs if matches(r, kept_by) and not (dropped_by and matches(r, dropped_by))]
+    dropped_by = [resolve(g, f) for g, f in zip(groups, flags)]
+    return [r for r in runs if matches(r, kept_by) and not any(matches(r, g) for g in dropped_by)]
 
 
 def _determined(key: str, by: Sequence[str], runs: Sequence[RunData]) -> bool:
