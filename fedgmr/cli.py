@@ -9,7 +9,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import typer
 
@@ -517,7 +517,7 @@ def _select_run_dirs(dirs: list[Path], only: list[str], exclude: list[str] | Non
     return [r.path for r in _select(runs, only, exclude or [], drop or [])]
 
 
-def _select(runs: list[Any], only: list[str], exclude: list[str], drop: list[str] = ()) -> list[Any]:
+def _select(runs: list[Any], only: list[str], exclude: list[str], drop: Sequence[str] = ()) -> list[Any]:
     """The runs ``--only`` keeps and neither ``--exclude`` (one group of conditions, all
     its flags together) nor a ``--drop`` (one group per flag) leaves out (``select_runs``);
     ConfigError naming the options when none is left."""
