@@ -524,10 +524,8 @@ def _select(runs: list[Any], only: list[str], exclude: list[str], drop: Sequence
     from fedgmr.experiment.sweep import parse_only
     from fedgmr.experiment.table import select_runs
 
-    groups = [parse_only(exclude, "--exclude")] + [parse_only(d.split(), "--drop") for d in drop]
-    for d, group in zip(drop, groups[1:]):
-        if not group:
-            raise ConfigError(f"--drop expects axis=value[,value...] separated by spaces, got '{d}'")
+    # an empty --drop is parsed as one empty condition, which parse_only refuses in one line
+    groups = [parse_only(exclude, "--exclude")] + [parse_only(d.split() or [d], "--drop") for d in drop]
     flags = ["--exclude"] + ["--drop"] * len(drop)
     kept = select_runs(runs, parse_only(only), groups, flags)
     if not kept:
