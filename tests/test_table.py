@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,19 @@ def test_markdown_bolds_the_best_of_each_column_and_says_what_the_std_is(grid: P
     assert lines["fedgmr"] == ["**82.00 ± 2.00**", "**87.00 ± 2.00**"]
     assert lines["fedavg"] == ["71.00 ± 1.73", "81.00 ± 1.73"]
     assert lines["MRI of fedgmr (%)"] == ["+15.49", "+7.41"]
+
+
+def test_a_mixed_grid_says_in_its_caption_which_cells_have_another_number_of_seeds(grid: Path):
+    assert "3 seeds per cell. Rows:" in render(_table(grid), "md")  # a uniform grid: nothing excepted
+    for seed, acc in ((3, 0.86), (4, 0.88)):  # fedgmr on high gets seeds 3 and 4: five seeds there
+        _run(grid, "fedgmr", seed, "high", acc)
+    shutil.rmtree(grid / "fedavg-low-2")  # and fedavg on low only two
+    text = render(_table(grid), "md")
+    assert "3 seeds per cell except those marked (n=2/5). Rows:" in text
+    cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in text.splitlines()
+             if ln.startswith("| fed")}
+    assert cells == {"fedgmr": ["**84.00 ± 3.16 (n=5)**", "**87.00 ± 2.00**"],
+                     "fedavg": ["71.00 ± 1.73", "80.00 ± 0.00 (n=2)"]}
 
 
 def test_latex_escapes_and_bolds(tmp_path: Path):

@@ -805,6 +805,9 @@ def caption(table: Table) -> str:
         title = title.replace("Acc@t*", table.metric, 1).replace("final accuracy", f"final {table.metric}")
     text = (f"{title}: mean ± sample std (ddof = 1) across seeds of each seed's value, "
             f"{n} seed{'s' if n != 1 else ''} per cell")
+    others = sorted({c["n"] for c in table.cells.values()} - {n})
+    if others:  # a mixed grid (e.g. one column with five seeds): say which cells differ
+        text += f" except those marked (n={'/'.join(map(str, others))})"
     text += " (no ± with one seed)." if n == 1 else "."
     text += f" Rows: {' / '.join(table.row_keys)}; columns: {' / '.join(table.col_keys) or 'all runs'}."
     spec = TABLE_METRICS[table.metric]
