@@ -668,8 +668,9 @@ def sweep(
     max_cells: int = typer.Option(10_000, "--max-cells", min=1, help="refuse a grid of more cells than this, "
                                   "counted before any cell is made (a typo'd axis can make millions)"),
     blind: bool = typer.Option(False, "--blind", help="show no test accuracy: not in the progress lines, not in "
-                               "the cells' logs (each runs as fedgmr run --blind); for a protocol's grid, read "
-                               "only when complete (docs/protocol.md); what is recorded does not change"),
+                               "the cells' logs (each runs as fedgmr run --blind), not in sweep.json's entries "
+                               "of these cells; for a protocol's grid, read only when complete (docs/protocol.md); "
+                               "what the cells record does not change"),
 ) -> None:
     """Run a grid of experiments; rerun to skip finished cells and resume interrupted ones."""
     from fedgmr.experiment.interrupt import sigterm_as_interrupt

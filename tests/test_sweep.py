@@ -156,6 +156,11 @@ def test_a_blind_sweep_shows_no_accuracy_and_records_the_same(tmp_path: Path):
     assert len(done) == 2 and not [ln for ln in done if "acc" in ln], first.stderr
     shown = _fedgmr("sweep", str(sweep), "--out", str(plain), "--jobs", "2")
     assert shown.returncode == 0, shown.stderr
+    # the index of the blind pass holds no accuracy (a diff of sweep.json shows none); the plain one does
+    entries = {d: json.loads((d / "sweep.json").read_text())["cells"] for d in (blind, plain)}
+    assert all(e["status"] == "done" and e["steps"] > 0 for d in entries for e in entries[d]), entries
+    assert not [k for e in entries[blind] for k in e if "accuracy" in k or k == "acc_at_t_star"], entries[blind]
+    assert all("final_accuracy" in e for e in entries[plain]), entries[plain]
     for name in ("seed=0", "seed=1"):
         assert (blind / name / "metrics.jsonl").read_bytes() == (plain / name / "metrics.jsonl").read_bytes()
         log = (blind / "logs" / f"{name}.log").read_text()
@@ -168,6 +173,8 @@ def test_a_blind_sweep_shows_no_accuracy_and_records_the_same(tmp_path: Path):
     rerun, plain_rerun = rerun_proc.stderr.splitlines(), plain_proc.stderr.splitlines()
     assert [ln for ln in rerun if "skipped (done)" in ln] and not [ln for ln in rerun if "acc" in ln], rerun
     assert [ln for ln in plain_rerun if "skipped (done)" in ln and "acc " in ln], plain_rerun
+    rerun_index = json.loads((blind / "sweep.json").read_text())["cells"]
+    assert not [k for e in rerun_index for k in e if k in ("final_accuracy", "acc_at_t_star")], rerun_index
 
 
 @pytest.mark.slow

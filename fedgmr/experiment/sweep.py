@@ -129,6 +129,10 @@ class SweepSpec(BaseModel):
         return v
 
 
+#: the headline values a ``--blind`` pass keeps out of sweep.json (the cell's own records keep them)
+BLIND_KEYS = ("final_accuracy", "acc_at_t_star")
+
+
 @dataclass
 class Cell:
     """One run of the sweep."""
@@ -148,10 +152,14 @@ class Cell:
     mine: bool = field(default=False, repr=False)
     #: the process (pid; 0 when unknown) of another sweep that runs this cell: it is left to it
     elsewhere: int | None = field(default=None, repr=False)
+    #: a cell of a ``--blind`` pass: its index entry leaves out the accuracies (they stay in
+    #: the cell's summary.json), so that a look at sweep.json, or at its diff, reads none
+    blind: bool = field(default=False, repr=False)
 
     def index_entry(self) -> dict[str, Any]:
+        result = {k: v for k, v in self.result.items() if not (self.blind and k in BLIND_KEYS)}
         entry = {"name": self.name, "base": self.base, "overrides": self.overrides, "point": self.point,
-                 "status": self.status, "error": self.error, **self.result}
+                 "status": self.status, "error": self.error, **result}
         if self.elsewhere is not None:
             entry["note"] = "running in another process" + (f" ({self.elsewhere})" if self.elsewhere else "")
         return entry
@@ -616,11 +624,14 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
     ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
     (:data:`MAX_CELLS`; None: none). ``blind``: each cell runs as ``fedgmr run --blind``, its
-    log showing no accuracy (what is recorded does not change)."""
+    log showing no accuracy, and its entry in sweep.json leaves the accuracies out
+    (:data:`BLIND_KEYS`; the run's own records do not change)."""
     import_sweep_code(spec, root)
     check_out(out)
     every = expand(spec, root, max_cells)
     cells = select(every, only or {})
+    for cell in cells:
+        cell.blind = blind
     resolve_cells(cells)
     if executor == "ray" and ray_address is None:
         ray_address = cells[0].config.run.ray_address  # type: ignore[union-attr]
