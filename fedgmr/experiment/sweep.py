@@ -152,8 +152,9 @@ class Cell:
     mine: bool = field(default=False, repr=False)
     #: the process (pid; 0 when unknown) of another sweep that runs this cell: it is left to it
     elsewhere: int | None = field(default=None, repr=False)
-    #: a cell of a ``--blind`` pass: its index entry leaves out the accuracies (they stay in
-    #: the cell's summary.json), so that a look at sweep.json, or at its diff, reads none
+    #: a cell of a ``--blind`` pass: it runs as ``fedgmr run --blind``, and its index entry
+    #: leaves out the accuracies (they stay in the cell's summary.json), so that a look at
+    #: sweep.json, or at its diff, reads none
     blind: bool = field(default=False, repr=False)
 
     def index_entry(self) -> dict[str, Any]:
@@ -575,11 +576,12 @@ def _headline(cell_dir: Path) -> dict[str, Any]:
     return {k: summary.get(k) for k in keys if k in summary}
 
 
-def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = (), blind: bool = False) -> list[str]:
+def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = ()) -> list[str]:
     """The ``fedgmr run`` command line for a cell in the given state (``imports``: the
-    sweep's, each passed on as ``--import``; ``blind``: the cell's log shows no accuracy)."""
+    sweep's, each passed on as ``--import``; a cell of a blind pass, ``cell.blind``, runs
+    ``--blind``: its log shows no accuracy)."""
     cell_dir = out / cell.name
-    extra = [arg for spec in imports for arg in ("--import", spec)] + (["--blind"] if blind else [])
+    extra = [arg for spec in imports for arg in ("--import", spec)] + (["--blind"] if cell.blind else [])
     if state == "resume":
         return [sys.executable, "-m", "fedgmr", "run", "--resume", str(cell_dir), "-q", *extra]
     cmd = [sys.executable, "-m", "fedgmr", "run", str(out / CONFIG_DIR / f"{cell.name}.yaml"),
@@ -625,7 +627,8 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
     (:data:`MAX_CELLS`; None: none). ``blind``: each cell runs as ``fedgmr run --blind``, its
     log showing no accuracy, and its entry in sweep.json leaves the accuracies out
-    (:data:`BLIND_KEYS`; the run's own records do not change)."""
+    (:data:`BLIND_KEYS`; the run's own records do not change): one flag on each cell of
+    the pass, ``Cell.blind``, that the command line and the index entry both read."""
     import_sweep_code(spec, root)
     check_out(out)
     every = expand(spec, root, max_cells)
@@ -678,9 +681,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     index = [this_pass.get(e.name, e) for e in every]
     _write_index(out, spec, sweep_file, index)
     if executor == "ray":
-        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index, blind)
+        _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index)
     else:
-        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify, index, blind)
+        _run_local(todo, out, jobs or os.cpu_count() or 1, cells, spec, sweep_file, notify, index)
     return SweepOutcome(cells, skipped, resumed, time.perf_counter() - t0)
 
 
@@ -722,8 +725,7 @@ def _claim_at_start(cell: Cell, out: Path, state: str) -> str | None:
 
 
 def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[Cell], spec: SweepSpec,
-               sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell],
-               blind: bool = False) -> None:
+               sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell]) -> None:
     env = _with_path({**os.environ, PARENT_ENV: str(os.getpid()), "FEDGMR_PROGRESS": "0"},
                      _module_path(spec.imports))
     queue = list(todo)
@@ -742,7 +744,7 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                 from fedgmr.experiment.rundir import open_for_write
 
                 fh = os.fdopen(open_for_write(out / LOG_DIR / f"{cell.name}.log", os.O_WRONLY | os.O_APPEND), "a")
-                proc = subprocess.Popen(cell_command(cell, out, started, spec.imports, blind), stdout=fh,
+                proc = subprocess.Popen(cell_command(cell, out, started, spec.imports), stdout=fh,
                                         stderr=subprocess.STDOUT, env=env)
                 running[proc] = (cell, fh)
                 cell.status = "running"
@@ -789,8 +791,7 @@ def _ray_cell(cmd: list[str], log_path: str, pythonpath: list[str] | None = None
 
 
 def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells: list[Cell], spec: SweepSpec,
-             sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell],
-             blind: bool = False) -> None:
+             sweep_file: Path, notify: Callable[[str, Cell, int, int], None], index: list[Cell]) -> None:
     from fedgmr.sim.executors import _import_ray
 
     ray = _import_ray()
@@ -806,7 +807,7 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
             if started is None:  # run elsewhere, or finished there meanwhile
                 finished += 1
                 continue
-            refs[remote.remote(cell_command(cell, out, started, spec.imports, blind), str(out / LOG_DIR / f"{cell.name}.log"),
+            refs[remote.remote(cell_command(cell, out, started, spec.imports), str(out / LOG_DIR / f"{cell.name}.log"),
                                _module_path(spec.imports))] = cell
             cell.status = "running"
             notify("start", cell, finished, len(cells))
