@@ -11,12 +11,14 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from fedgmr.cli import app
 from fedgmr.errors import ConfigError
+from fedgmr.experiment.metrics import acc_at_t, acc_at_times
 from fedgmr.experiment.stats import adjusted_verdict, holm, paired_difference, stabilisation_time, stable_from
 from fedgmr.experiment.table import auto_t_star, build_table, find_runs, read_run, render
 
@@ -206,6 +208,54 @@ def test_cli_paired_against_and_auto_t_star(tmp_path: Path):
     assert never.exit_code != 0 and "never stay within 0" in never.output
     stray = CliRunner().invoke(app, ["table", str(tmp_path), "--t-star", "100", "--horizon", "300"])
     assert stray.exit_code != 0 and "belong to --t-star auto" in stray.output
+
+
+def test_acc_at_times_is_acc_at_t_at_every_t_to_the_last_bit():
+    """The t* scan's windowed means (one binary search per t) are acc_at_t's, float for
+    float: on an irregular series with repeated times and a gap, for the grid window, a
+    window in seconds and the index window, at times before the start, inside, on a
+    record, inside the gap (an empty window: NaN) and past the end (NaN)."""
+    rng = np.random.default_rng(3)
+    times = sorted([0.0, 10.0, 10.0, 20.0, 30.0, 30.0, 30.0] + list(rng.uniform(40, 300, 60))
+                   + list(rng.uniform(900, 1000, 25)))
+    accs = list(rng.uniform(0.1, 0.99, len(times)))
+    # window edges on repeated records: t - 37.5 = 10 and t + 37.5 = 30; t - 100 = 10 and t + 100 = 30
+    ts = [-50.0, -7.5, 47.5, -70.0, 110.0, 0.0, 5.0, 10.0, 30.0, 123.4, 299.0, 600.0, 950.0, max(times) - 1e-9,
+          max(times), 5000.0]
+    for kw in ({"interval": 10.0}, {"span": 37.5}, {}, {"interval": 10.0, "half_window": 3}):
+        new = acc_at_times(times, accs, ts, **kw)
+        old = [acc_at_t(times, accs, t, **kw)[0] for t in ts]
+        assert len(new) == len(ts)
+        for a, b in zip(new, old):
+            assert a == b or (math.isnan(a) and math.isnan(b)), (kw, a, b)
+        assert math.isnan(new[-1]) and math.isnan(new[-2])  # nothing past the last record
+    assert math.isnan(acc_at_times(times, accs, [600.0], interval=10.0)[0])  # inside the gap
+    assert math.isnan(acc_at_times([], [], [1.0])[0])
+    with pytest.raises(ValueError, match="never decrease"):
+        acc_at_times([0.0, 20.0, 10.0], [0.1, 0.2, 0.3], [5.0])
+    with pytest.raises(ValueError, match="3 times but 2 values"):
+        acc_at_times([0.0, 10.0, 20.0], [0.1, 0.2], [5.0])
+
+
+def test_auto_t_star_equals_a_table_built_at_every_grid_time(tmp_path: Path):
+    """The scan groups the runs once; its curves are what build_table gives cell by cell
+    at each grid time (the old scan), so the t* and the counts are the same: three
+    methods over two columns, seeds that differ in length and shape."""
+    rng = np.random.default_rng(0)
+    for het in ("high", "low"):
+        for method, rate in (("fedgmr", 0.03), ("fedavg", 0.01), ("fedasync", 0.05)):
+            for seed in range(3):
+                _run(tmp_path, method, seed, [min(0.95, 0.3 + rate * i) + rng.normal(0, 0.004)
+                                              for i in range(70 + 5 * seed)], het=het)
+    runs = [read_run(p) for p in find_runs([tmp_path])]
+    found = auto_t_star(runs, cols=["heterogeneity"], tolerance=0.01)
+    grid = [found.start + 10.0 * i for i in range(int(round((found.horizon - found.start) / 10.0)) + 1)]
+    curves: dict = {}
+    for t in grid:
+        for key, cell in build_table(runs, t, cols=["heterogeneity"], mri_of=None).cells.items():
+            curves.setdefault(key, []).append(cell["mean"])
+    assert len(curves) == 6 and stabilisation_time(grid, curves, 0.01) == found
+    assert found.t_star is not None and found.start < found.t_star < found.horizon
 
 
 def test_auto_t_star_needs_a_whole_window_somewhere(tmp_path: Path):

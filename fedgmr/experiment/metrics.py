@@ -191,6 +191,34 @@ def acc_at_t(times: Sequence[float], accs: Sequence[float], t_star: float, half_
     return float(window.mean()), float(window.std())
 
 
+def acc_at_times(times: Sequence[float], accs: Sequence[float], t_stars: Sequence[float], half_window: int = 10,
+                 interval: float | None = None, span: float | None = None) -> list[float]:
+    """:func:`acc_at_t`'s mean at each of ``t_stars``, the same floats, for a series whose
+    times never decrease (as :func:`read_run_metrics` checks): a binary search per t
+    instead of a scan of the whole run, for a t* scan over hundreds of grid times
+    (``fedgmr table --t-star auto``). ValueError if the times decrease somewhere."""
+    t = np.asarray(times, dtype=float)
+    a = np.asarray(accs, dtype=float)
+    if t.shape != a.shape:
+        raise ValueError(f"{t.size} times but {a.size} values")
+    if t.size > 1 and bool(np.any(t[1:] < t[:-1])):
+        raise ValueError("acc_at_times needs times that never decrease")
+    width = window_half_width(interval, span, half_window)
+    out: list[float] = []
+    for t_star in t_stars:
+        idx = int(np.searchsorted(t, t_star, side="right"))  # the first evaluation past t*
+        if idx == t.size:
+            out.append(math.nan)
+            continue
+        if width is not None:  # [t* - width, t* + width): the window acc_at_t keeps
+            lo = int(np.searchsorted(t, t_star - width, side="left"))
+            hi = int(np.searchsorted(t, t_star + width, side="left"))
+            out.append(float(a[lo:hi].mean()) if hi > lo else math.nan)
+        else:
+            out.append(float(a[max(0, idx - half_window): idx + half_window].mean()))
+    return out
+
+
 def mri(acc_method: float, acc_baselines: Sequence[float]) -> float:
     """Mean relative improvement, in percent: ``100/|B| * sum_b (A(M) - A(b)) / A(b)``.
 

@@ -27,10 +27,10 @@ from fedgmr.experiment.rundir import read_run_text
 from fedgmr.experiment.stats import (ALPHA, CONFIDENCE, PairedDiff, Stabilisation, adjusted_verdict, paired_difference,
                                      stabilisation_time)
 from fedgmr.experiment.stats import holm as holm_adjust
-from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, finite_number, flatten_config,
-                                      metric_at_t,
-                                      metric_series, metric_value, mri, read_run_metrics, read_summary,
-                                      run_clock, run_eval_interval, time_to_accuracy, window_half_width)
+from fedgmr.experiment.metrics import (EXECUTION_KEYS, TABLE_METRICS, acc_at_times, finite_number,
+                                      flatten_config, metric_at_t, metric_series, metric_value, mri,
+                                      read_run_metrics, read_summary, run_clock, run_eval_interval, time_to_accuracy,
+                                      window_half_width)
 
 #: the paper's six baselines: the default set an MRI row is computed over
 PAPER_BASELINES = ("fedavg", "fedasync", "heterofl", "fedrolex", "fjord", "fiarse")
@@ -337,24 +337,27 @@ class Table:
         return max(set(counts), key=counts.count) if counts else 0
 
 
-def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("method",),
-                cols: Sequence[str] | None = None, target: float | None = None, span: float | None = None,
-                mri_of: str | None = "fedgmr", baselines: Sequence[str] = PAPER_BASELINES,
-                value: Value = "acc", paired_against: str | None = None, holm: bool = False) -> Table:
-    """Group ``runs`` by every key but the seed and compute each cell's statistics of
-    ``value`` (Acc@t*, the final accuracy, or the end time).
+@dataclass
+class Grouping:
+    """Runs grouped into a table's cells: each (row, column) key with its runs, in the
+    order the runs came; what :func:`build_table` computes its statistics on."""
 
-    ``paired_against``: a method (or a row label as the table prints it, ``fedgmr / True``)
-    whose row every other row is compared with, seed by seed, in each column
-    (:func:`~fedgmr.experiment.stats.paired_difference`). ``holm``: also adjust each
-    column's p-values as one family (:func:`column_holm`)."""
+    row_keys: list[str]
+    col_keys: list[str]
+    groups: dict[tuple[tuple, tuple], list[RunData]]
+    metric: str  # the one metric every run was read for
+
+
+def group_runs(runs: Sequence[RunData], rows: Sequence[str] = ("method",),
+               cols: Sequence[str] | None = None) -> Grouping:
+    """Group ``runs`` by the row and column keys (default columns: whatever else varies
+    and the rows do not fix). ConfigError when runs of one cell differ in another key or
+    share a seed; FedGMRError for no runs, or runs read for different metrics."""
     if not runs:
         raise FedGMRError("no runs to tabulate")
     metrics = sorted({r.metric for r in runs})
     if len(metrics) > 1:  # global and personalised accuracy never share a table
         raise FedGMRError(f"runs read for different metrics ({', '.join(metrics)}): one table shows one")
-    if target is not None and not TABLE_METRICS[metrics[0]].accuracy:
-        raise ConfigError(f"--target is an accuracy to reach; {metrics[0]!r} is not an accuracy")
     keys = sorted({k for r in runs for k in r.config})
     defaults = _schema_defaults()
     for r in runs:  # a key added since a run was made: that run ran as its default
@@ -381,13 +384,37 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
         rk = tuple(_hashable(r.config.get(k)) for k in row_keys)
         ck = tuple(_hashable(r.config.get(k)) for k in col_keys)
         groups.setdefault((rk, ck), []).append(r)
-    cells: dict[tuple[tuple, tuple], dict[str, Any]] = {}
-    for key, members in groups.items():
+    for members in groups.values():
         seeds = [m.seed for m in members]
         if len(set(seeds)) != len(seeds):
             dup = next(s for s in seeds if seeds.count(s) > 1)
             paths = [str(m.path) for m in members if m.seed == dup]
             raise ConfigError(f"two runs of one cell share seed {dup}: {', '.join(paths)}")
+    return Grouping(row_keys, col_keys, groups, metrics[0])
+
+
+def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("method",),
+                cols: Sequence[str] | None = None, target: float | None = None, span: float | None = None,
+                mri_of: str | None = "fedgmr", baselines: Sequence[str] = PAPER_BASELINES,
+                value: Value = "acc", paired_against: str | None = None, holm: bool = False) -> Table:
+    """Group ``runs`` by every key but the seed and compute each cell's statistics of
+    ``value`` (Acc@t*, the final accuracy, or the end time).
+
+    ``paired_against``: a method (or a row label as the table prints it, ``fedgmr / True``)
+    whose row every other row is compared with, seed by seed, in each column
+    (:func:`~fedgmr.experiment.stats.paired_difference`). ``holm``: also adjust each
+    column's p-values as one family (:func:`column_holm`)."""
+    if not runs:
+        raise FedGMRError("no runs to tabulate")
+    metrics = sorted({r.metric for r in runs})
+    if len(metrics) == 1 and target is not None and not TABLE_METRICS[metrics[0]].accuracy:
+        raise ConfigError(f"--target is an accuracy to reach; {metrics[0]!r} is not an accuracy")
+    grouping = group_runs(runs, rows, cols)
+    row_keys, col_keys, groups = grouping.row_keys, grouping.col_keys, grouping.groups
+    group_keys = row_keys + col_keys
+    cells: dict[tuple[tuple, tuple], dict[str, Any]] = {}
+    for key, members in groups.items():
+        seeds = [m.seed for m in members]
         if value == "acc":
             accs = [metric_at_t(metrics[0], m.times, m.accs, t_star, interval=m.interval, span=span)
                     for m in members]
@@ -561,11 +588,17 @@ def auto_t_star(runs: Sequence[RunData], rows: Sequence[str] = ("method",), cols
     grid = [lo + i * step for i in range(int(round((hi - lo) / step)) + 1)]
     if grid[-1] != hi:
         grid.append(hi)
+    # each cell's mean Acc@t across its seeds at every grid time, as build_table computes
+    # it at one t* (the same floats), with the runs grouped once for the whole scan
+    grouping = group_runs(runs, rows, cols)
     curves: dict[tuple, list[float]] = {}
-    for t in grid:
-        table = build_table(runs, t, rows=rows, cols=cols, span=span, mri_of=None)
-        for key, cell in table.cells.items():
-            curves.setdefault(key, []).append(cell["mean"])
+    for key, members in grouping.groups.items():
+        if TABLE_METRICS[metric].at_t_star:
+            per_run = [[metric_at_t(metric, m.times, m.accs, t, interval=m.interval, span=span) for t in grid]
+                       for m in members]
+        else:
+            per_run = [acc_at_times(m.times, m.accs, grid, interval=m.interval, span=span) for m in members]
+        curves[key] = [float(np.mean(at_t)) for at_t in zip(*per_run)]
     return stabilisation_time(grid, curves, tolerance)
 
 
