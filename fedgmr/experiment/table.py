@@ -403,10 +403,9 @@ def build_table(runs: Sequence[RunData], t_star: float, rows: Sequence[str] = ("
     ``paired_against``: a method (or a row label as the table prints it, ``fedgmr / True``)
     whose row every other row is compared with, seed by seed, in each column
     (:func:`~fedgmr.experiment.stats.paired_difference`). ``holm``: also adjust each
-    column's p-values as one family (:func:`column_holm`)."""
-    if not runs:
-        raise FedGMRError("no runs to tabulate")
-    metrics = sorted({r.metric for r in runs})
+    column's p-values as one family (:func:`column_holm`). Refusals: :func:`group_runs`'s, and
+    ``target`` on a metric that is not an accuracy."""
+    metrics = sorted({r.metric for r in runs})  # several: group_runs refuses them (none: no runs)
     if len(metrics) == 1 and target is not None and not TABLE_METRICS[metrics[0]].accuracy:
         raise ConfigError(f"--target is an accuracy to reach; {metrics[0]!r} is not an accuracy")
     grouping = group_runs(runs, rows, cols)
