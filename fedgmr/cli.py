@@ -741,6 +741,10 @@ class _SweepDisplay:
         self.started: dict[str, float] = {}  # cell name -> when this sweep started it (monotonic)
         self.took: list[float] = []  # wall seconds of each cell this sweep ran to the end
         self.parallel = 0  # the most cells seen running at once (the sweep's --jobs, in effect)
+        #: the cells this sweep will run and have not finished: name -> expected wall seconds
+        #: (from finished cells like it, :func:`~fedgmr.experiment.sweep.expected_wall_times`; None: unknown)
+        self.queued: dict[str, float | None] = {}
+        self.paced: list[tuple[float, float]] = []  # (took, expected) of the finished cells that had an estimate
 
     def __enter__(self) -> "_SweepDisplay":
         if self.live:
@@ -758,6 +762,9 @@ class _SweepDisplay:
 
     def event(self, kind: str, cell: Any, finished: int, total: int) -> None:
         if not self.enabled:
+            return
+        if kind == "queued":
+            self.queued[cell.name] = getattr(cell, "expected_s", None)
             return
         if kind == "start":
             self.running.add(cell.name)
@@ -781,14 +788,35 @@ class _SweepDisplay:
         elif acc is not None and not self.blind:
             line += f"  acc {100 * acc:.2f}%"
         began = self.started.pop(cell.name, None)
+        expected = self.queued.pop(cell.name, None)
         if kind == "done" and began is not None:
-            self.took.append(time.monotonic() - began)
+            now = time.monotonic()
+            self.took.append(now - began)
+            if expected:
+                self.paced.append((self.took[-1], expected))
             line += f"  ({_duration(self.took[-1])}"
             left = total - finished
-            if left:  # the cells of this sweep so far, run as many at once as it has run
-                line += f"; about {_duration(left * sum(self.took) / len(self.took) / max(self.parallel, 1))} left"
+            if left:
+                line += f"; about {_duration(self._left(left, now))} left"
             line += ")"
         typer.echo(line, err=True)
+
+    def _left(self, left: int, now: float) -> float:
+        """Wall seconds until the sweep ends, run as many at once as it has run. Without a
+        plan of its cells (no ``queued`` events): the ``left`` cells at the mean pace of
+        this sweep's cells so far. With one: each unfinished cell's expected time (from
+        finished cells like it), scaled by how this sweep's cells compared with their
+        expectations, less what a running cell has had; a cell with no expectation at the
+        mean pace so far."""
+        mean = sum(self.took) / len(self.took)
+        if not self.queued:
+            return left * mean / max(self.parallel, 1)
+        pace = sum(t for t, _ in self.paced) / sum(e for _, e in self.paced) if self.paced else 1.0
+        total = 0.0
+        for name, expected in self.queued.items():
+            need = expected * pace if expected else mean
+            total += max(need - (now - self.started[name]), 0.0) if name in self.started else need
+        return total / max(self.parallel, 1)
 
 
 def _duration(seconds: float) -> str:

@@ -410,3 +410,90 @@ def test_progress_lines_give_each_cells_wall_time_and_an_estimate_of_the_rest(mo
         "[1/5] skipped (done)  e", f"[2/5] {done} a  (10 min 00 s; about 15 min 00 s left)",
         f"[3/5] {done} b  (21 min 40 s; about 15 min 50 s left)", f"[4/5] {done} c  (10 min 30 s; about 7 min 02 s left)"]
     assert [cli._duration(s) for s in (42.4, 60, 3599.6, 7500)] == ["42 s", "1 min 00 s", "1 h 00 min", "2 h 05 min"]
+
+
+def _cell(name: str, status: str = "pending", wall: float | None = None, **point: Any):
+    from fedgmr.experiment.sweep import Cell
+
+    return Cell(name, "base", {}, status=status, point=point,
+                result={} if wall is None else {"wall_time_s": wall})
+
+
+def test_a_cell_is_expected_to_take_what_finished_cells_like_it_took():
+    """Same task and method required; among those the same column first (every axis but
+    the seed); none finished like it: no expectation. Pending or failed cells never count."""
+    from fedgmr.experiment.sweep import expected_wall_times
+
+    known = [_cell("a0", "done", 100.0, preset="p", method="a", het="high", seed=0),
+             _cell("a1", "done", 300.0, preset="p", method="a", het="high", seed=1),
+             _cell("a9", "done", 900.0, preset="p", method="a", het="low", seed=0),
+             _cell("b0", "done", 50.0, preset="p", method="b", het="low", seed=0),
+             _cell("q0", "done", 7.0, preset="q", method="c", het="low", seed=0),
+             _cell("c0", "failed", 5.0, preset="p", method="c", het="low", seed=0),
+             _cell("c1", "pending", 5.0, preset="p", method="c", het="low", seed=1)]
+    todo = [_cell("a2", preset="p", method="a", het="high", seed=2),   # its column: 100 and 300
+            _cell("a5", preset="p", method="a", het="medium", seed=0),  # no column match: every "a"
+            _cell("b5", preset="p", method="b", het="high", seed=0),    # the only "b"
+            _cell("c2", preset="p", method="c", het="low", seed=2),     # "c" on task q only, failed or pending on p
+            _cell("x", seed=0)]                                         # no task or method axis
+    expected_wall_times(todo, known + todo)
+    assert [c.expected_s for c in todo] == [200.0, 1300.0 / 3, 50.0, None, None]
+
+
+def test_progress_estimate_sums_the_cells_left_at_their_expected_times(monkeypatch, capsys):
+    """With the sweep's plan (``queued`` events), the estimate is each unfinished cell's
+    expected time scaled by how the finished ones compared with theirs, less what a running
+    cell has had, over the cells run at once; a cell with no expectation at the pace so far.
+    A column's slow methods queued last are then counted at their own cost."""
+    from types import SimpleNamespace
+
+    import fedgmr.cli as cli
+
+    clock = iter([0.0, 0.0, 100.0, 100.0, 400.0])
+    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
+    cell = {n: SimpleNamespace(name=n, result={}, error=None, expected_s=e)
+            for n, e in (("fast", 50.0), ("fast2", 50.0), ("slow", 1000.0), ("slow2", 1000.0), ("new", None))}
+    display = cli._SweepDisplay(enabled=True, live=False, blind=True)
+    for c in cell.values():
+        display.event("queued", c, 0, 5)
+    display.event("start", cell["fast"], 0, 5)   # at 0 s
+    display.event("start", cell["slow"], 0, 5)   # at 0 s
+    display.event("done", cell["fast"], 1, 5)    # at 100 s: took 100 s for an expected 50: pace 2
+    # left: slow 2,000 - 100 had = 1,900; fast2 100; slow2 2,000; new at the mean so far, 100;
+    # 4,100 s over 2 at once: 2,050 s (the old estimate, 4 x 100 / 2, said 200 s)
+    display.event("start", cell["fast2"], 1, 5)  # at 100 s
+    display.event("done", cell["fast2"], 2, 5)   # at 400 s: took 300 for 50; pace (100 + 300) / 100 = 4
+    # left: slow 4,000 - 400 = 3,600; slow2 4,000; new at the mean 200: 7,800 / 2 = 3,900 s
+    done = "done".ljust(15)
+    assert capsys.readouterr().err.splitlines() == [
+        f"[1/5] {done} fast  (1 min 40 s; about 34 min 10 s left)",
+        f"[2/5] {done} fast2  (5 min 00 s; about 1 h 05 min left)"]
+
+
+def test_a_later_pass_expects_each_cell_to_take_what_its_methods_cells_took(tmp_path: Path):
+    """On disk, through run_sweep: the pass over seed 1 is told (``queued``, before any cell
+    starts) that each cell should take what the same method's seed-0 cell recorded in its
+    summary, from the earlier pass; the first pass, with nothing finished, expects nothing."""
+    from fedgmr.experiment.sweep import run_sweep
+
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(tiny_config(run={"max_steps": 4, "eval_every": 2})))
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "base": "base.yaml",
+                                    "grid": {"method": ["fedavg", "fedasync"], "seed": [0, 1]}}))
+    spec, root = load_sweep(path)
+    out = tmp_path / "out"
+    events: list[tuple[str, str, Any]] = []
+
+    def record(kind: str, cell: Any, finished: int, total: int) -> None:
+        events.append((kind, cell.name, cell.expected_s if kind == "queued" else None))
+
+    run_sweep(spec, path, root, out, jobs=1, on_event=record, only={"seed": ["0"]})
+    assert [(k, e) for k, _, e in events if k == "queued"] == [("queued", None)] * 2
+    took = {m: json.loads((out / f"method={m},seed=0" / "summary.json").read_text())["wall_time_s"]
+            for m in ("fedavg", "fedasync")}
+    events.clear()
+    run_sweep(spec, path, root, out, jobs=1, on_event=record, only={"seed": ["1"]})
+    queued = [(n, e) for k, n, e in events if k == "queued"]
+    assert queued == [(f"method={m},seed=1", took[m]) for m in ("fedavg", "fedasync")]
+    assert [k for k, *_ in events].index("start") > max(i for i, (k, *_) in enumerate(events) if k == "queued")

@@ -156,6 +156,9 @@ class Cell:
     #: leaves out the accuracies (they stay in the cell's summary.json), so that a look at
     #: sweep.json, or at its diff, reads none
     blind: bool = field(default=False, repr=False)
+    #: the wall seconds this cell should take, from finished cells like it
+    #: (:func:`expected_wall_times`; None: none like it has finished), for a progress estimate
+    expected_s: float | None = field(default=None, repr=False)
 
     def index_entry(self) -> dict[str, Any]:
         result = {k: v for k, v in self.result.items() if not (self.blind and k in BLIND_KEYS)}
@@ -576,6 +579,31 @@ def _headline(cell_dir: Path) -> dict[str, Any]:
     return {k: summary.get(k) for k in keys if k in summary}
 
 
+#: the axes a cell's estimate must share with the finished cells it is taken from (where it has them)
+SAME_KIND_AXES = ("preset", "case", "method")
+
+
+def expected_wall_times(cells: Iterable[Cell], known: Iterable[Cell]) -> None:
+    """Set each cell's :attr:`Cell.expected_s`: the mean ``wall_time_s`` of the finished cells
+    of ``known`` most like it. Those taken agree with it on every axis of
+    :data:`SAME_KIND_AXES` it has (the same task and method) and, among those, on the most
+    other axes but the seed (the same column first); None where no such cell has finished.
+    A progress display sums these for the cells left, rather than assuming every cell
+    costs what the first ones did (a column's fast methods often run first)."""
+    done = [k for k in known if k.status == "done" and isinstance(k.result.get("wall_time_s"), (int, float))]
+    for cell in cells:
+        must = {a: cell.point[a] for a in SAME_KIND_AXES if a in cell.point}
+        alike = [k for k in done if k.name != cell.name and all(k.point.get(a) == v for a, v in must.items())]
+        if not must or not alike:
+            cell.expected_s = None
+            continue
+        rest = [a for a in cell.point if a not in must and a != "seed"]
+        score = {k.name: sum(k.point.get(a) == cell.point[a] for a in rest) for k in alike}
+        best = max(score.values())
+        times = [float(k.result["wall_time_s"]) for k in alike if score[k.name] == best]
+        cell.expected_s = sum(times) / len(times)
+
+
 def cell_command(cell: Cell, out: Path, state: str, imports: Iterable[str] = ()) -> list[str]:
     """The ``fedgmr run`` command line for a cell in the given state (``imports``: the
     sweep's, each passed on as ``--import``; a cell of a blind pass, ``cell.blind``, runs
@@ -623,8 +651,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     ``only`` (axis -> values, :func:`select`) runs part of the grid: the other cells keep
     their names and places in the index (``pending`` until a pass runs them).
     ``ray_address`` defaults to the base config's ``run.ray_address``.
-    ``on_event(kind, cell, finished, total)`` is told of ``start``, ``skip``, ``done`` and
-    ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
+    ``on_event(kind, cell, finished, total)`` is told of ``queued`` (each cell this pass
+    will run, once, before any starts; its ``expected_s`` set), ``start``, ``skip``, ``done``
+    and ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
     (:data:`MAX_CELLS`; None: none). ``blind``: each cell runs as ``fedgmr run --blind``, its
     log showing no accuracy, and its entry in sweep.json leaves the accuracies out
     (:data:`BLIND_KEYS`; the run's own records do not change): one flag on each cell of
@@ -680,6 +709,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     # the index lists the whole grid; the cells of this pass are the objects updated below
     index = [this_pass.get(e.name, e) for e in every]
     _write_index(out, spec, sweep_file, index)
+    expected_wall_times([c for c, _ in todo], index)
+    for cell, _ in todo:  # the cells this pass will run, each with its expected wall time
+        notify("queued", cell, finished, len(cells))
     if executor == "ray":
         _run_ray(todo, out, ray_address, cells, spec, sweep_file, notify, index)
     else:
