@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -115,6 +116,71 @@ def test_close_stops_running_children(monkeypatch):
     assert ex.children == {}
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped
+
+
+def test_a_stop_sent_as_the_child_is_forked_ends_it_even_where_the_parent_ignores_it(monkeypatch, caplog):
+    """The parent's SIGTERM handler ignores the signal and the child is slow to set its own
+    (``perf_counter``, its first call, sleeps in the child): the SIGTERM that close() sends
+    meanwhile is held (blocked across the fork) until the child has the default action,
+    so it ends the child (status -15), not the parent's handler swallowing it and a SIGKILL
+    after the grace period (status -9)."""
+    import flwr.supernode.runtime.run_clientapp as rc
+
+    monkeypatch.setattr(rc, "run_clientapp", lambda **kw: time.sleep(600))
+    parent = os.getpid()
+    real = time.perf_counter
+
+    def slow_in_the_child() -> float:
+        if os.getpid() != parent:
+            time.sleep(1.0)
+        return real()
+
+    monkeypatch.setattr(warm_exec.time, "perf_counter", slow_in_the_child)
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        ex = warm_exec.ForkExecutor(fallback=type("F", (), {"close": lambda self: None})())
+        with caplog.at_level(logging.INFO, logger=warm_exec.log.name):
+            ex.launch(_spec())
+            (pid,) = ex.children
+            ex.close(grace_s=30.0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert ex.children == {}
+    assert f"process {pid} exited with status -15" in caplog.text, caplog.text
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the parent's mask restored
+
+
+def test_close_kills_a_child_that_outlives_the_grace_period(monkeypatch, caplog):
+    import flwr.supernode.runtime.run_clientapp as rc
+
+    def deaf(**kw):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
+
+    monkeypatch.setattr(rc, "run_clientapp", deaf)
+    ex = warm_exec.ForkExecutor(fallback=type("F", (), {"close": lambda self: None})())
+    with caplog.at_level(logging.INFO, logger=warm_exec.log.name):
+        ex.launch(_spec())
+        (pid,) = ex.children
+        deadline = time.monotonic() + 60  # until the child has set SIG_IGN (it logs nothing before)
+        while time.monotonic() < deadline and _ignores_sigterm(pid) is False:
+            time.sleep(0.05)
+        ex.close(grace_s=0.5)
+    assert ex.children == {}
+    assert f"ClientApp processes [{pid}] still running" in caplog.text and "after SIGTERM: killed" in caplog.text
+    assert f"process {pid} exited with status -9" in caplog.text
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _ignores_sigterm(pid: int) -> bool | None:
+    """Whether the process ignores SIGTERM (its ``SigIgn`` mask in /proc); None off Linux."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    ign = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return bool(ign >> (signal.SIGTERM - 1) & 1)
 
 
 def test_warm_up_builds_the_workload_the_clientapp_looks_up(tmp_path):

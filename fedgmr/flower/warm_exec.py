@@ -40,7 +40,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +92,22 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
-def _run_clientapp_child(spec: Any) -> None:
+#: the signals that stop a ClientApp child: blocked across the fork until the child has its own handlers
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+def _run_clientapp_child(spec: Any, mask: Iterable[int] = ()) -> None:
     """In the forked child: run one ClientApp task as ``flwr-clientapp`` would, then
-    leave with its exit status (never returns)."""
-    code, t0 = 1, time.perf_counter()
-    try:
+    leave with its exit status (never returns). The child starts with :data:`STOP_SIGNALS`
+    blocked (the parent blocks them across the fork): it sets their default actions, then
+    restores ``mask`` (the parent's mask before the fork), so that a stop sent the moment it
+    was forked ends it, never the parent's handlers run in it."""
+    code, t0 = 1, 0.0
+    try:  # nothing may raise out of here: an exception would return into the parent's code in the child
+        t0 = time.perf_counter()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         from flwr.supercore.tls import validate_and_resolve_root_certificates
         from flwr.supernode.runtime.run_clientapp import run_clientapp
 
@@ -151,12 +160,17 @@ class ForkExecutor:
             return self.fallback.launch(spec)
         sys.stdout.flush()
         sys.stderr.flush()
+        # a SIGTERM that reached the child before it set its own handlers would run the
+        # parent's there (which may ignore it): block the stop signals across the fork
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             pid = os.fork()
         except OSError as err:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             return LaunchResult.failed(f"fork failed: {err}")
         if pid == 0:
-            _run_clientapp_child(spec)
+            _run_clientapp_child(spec, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.children[pid] = spec.task_id
         self.launched += 1
         log.info("task %d: ClientApp in forked process %d", spec.task_id, pid)
@@ -174,18 +188,32 @@ class ForkExecutor:
                 if code != 0:
                     log.warning("task %d: ClientApp process %d exited with status %d", task, pid, code)
 
-    def close(self) -> None:
-        """Stop the children still running (each pushes its task's failure on SIGTERM)."""
-        for pid in list(self.children):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
+    def close(self, grace_s: float = 10.0) -> None:
+        """Stop the children still running: SIGTERM (each pushes its task's failure), then,
+        for any still running after ``grace_s`` seconds, SIGKILL; every child that ends is reaped."""
+        self._signal_children(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
         while self.children and time.monotonic() < deadline:
             self.reconcile()
             time.sleep(0.05)
+        if self.children:
+            log.warning("ClientApp processes %s still running %.0f s after SIGTERM: killed",
+                        sorted(self.children), grace_s)
+            self._signal_children(signal.SIGKILL)
+            deadline = time.monotonic() + grace_s
+            while self.children and time.monotonic() < deadline:
+                self.reconcile()
+                time.sleep(0.05)
+            if self.children:  # not even SIGKILL ended them (a process stuck in the kernel): say so, do not hang
+                log.error("ClientApp processes %s did not end on SIGKILL", sorted(self.children))
         self.fallback.close()
+
+    def _signal_children(self, signum: int) -> None:
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 def warm_up(config: str | Path | None = None, seed: int | None = None, torch_threads: int = 1) -> None:
