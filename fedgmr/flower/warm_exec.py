@@ -191,29 +191,26 @@ class ForkExecutor:
     def close(self, grace_s: float = 10.0) -> None:
         """Stop the children still running: SIGTERM (each pushes its task's failure), then,
         for any still running after ``grace_s`` seconds, SIGKILL; every child that ends is reaped."""
-        self._signal_children(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.children and time.monotonic() < deadline:
-            self.reconcile()
-            time.sleep(0.05)
-        if self.children:
+        if not self._stop_children(signal.SIGTERM, grace_s):
             log.warning("ClientApp processes %s still running %.0f s after SIGTERM: killed",
                         sorted(self.children), grace_s)
-            self._signal_children(signal.SIGKILL)
-            deadline = time.monotonic() + grace_s
-            while self.children and time.monotonic() < deadline:
-                self.reconcile()
-                time.sleep(0.05)
-            if self.children:  # not even SIGKILL ended them (a process stuck in the kernel): say so, do not hang
+            if not self._stop_children(signal.SIGKILL, grace_s):  # stuck in the kernel: say so, do not hang
                 log.error("ClientApp processes %s did not end on SIGKILL", sorted(self.children))
         self.fallback.close()
 
-    def _signal_children(self, signum: int) -> None:
+    def _stop_children(self, signum: int, within_s: float) -> bool:
+        """Send ``signum`` to every child, then reap those that end within ``within_s``
+        seconds; whether none is left."""
         for pid in list(self.children):
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + within_s
+        while self.children and time.monotonic() < deadline:
+            self.reconcile()
+            time.sleep(0.05)
+        return not self.children
 
 
 def warm_up(config: str | Path | None = None, seed: int | None = None, torch_threads: int = 1) -> None:
