@@ -517,6 +517,30 @@ def _select_run_dirs(dirs: list[Path], only: list[str], exclude: list[str] | Non
     return [r.path for r in _select(runs, only, exclude or [], drop or [])]
 
 
+def _unfinished_in_selection(paths: list[Path], unfinished: list[Path], only: list[str], exclude: list[str],
+                             drop: Sequence[str] = ()) -> list[Path]:
+    """The unfinished runs among ``paths`` that ``--only``/``--exclude``/``--drop`` would have
+    tabulated had they finished, the selection made over every run found: those it leaves
+    out anyway (another task's cells still running beside a finished one) are not worth a
+    note. A run whose config cannot be read yet is kept."""
+    from fedgmr.experiment.table import read_run_config
+
+    if not unfinished or not (only or exclude or drop):
+        return unfinished
+    readable = []
+    for path in paths:
+        try:
+            read_run_config(path)
+        except FedGMRError:  # config.yaml not written yet, or damaged
+            continue
+        readable.append(path)
+    try:
+        kept = set(_select_run_dirs(readable, only, exclude, list(drop)))
+    except ConfigError:  # the selection itself is refused below, on the finished runs, with its message
+        return unfinished
+    return [p for p in unfinished if p in kept or p not in readable]
+
+
 def _select(runs: list[Any], only: list[str], exclude: list[str], drop: Sequence[str] = ()) -> list[Any]:
     """The runs ``--only`` keeps and neither ``--exclude`` (one group of conditions, all
     its flags together) nor a ``--drop`` (one group per flag) leaves out (``select_runs``);
@@ -910,9 +934,10 @@ def table(
             raise ConfigError(f"--value must be acc, final or time, got '{value}'")
         paths = find_runs(dirs)
         unfinished = [p for p in paths if not (p / "summary.json").exists()]
-        if unfinished:
-            typer.echo(f"note: {len(unfinished)} unfinished run(s) left out: "
-                       f"{', '.join(str(p) for p in unfinished[:3])}{' ...' if len(unfinished) > 3 else ''}", err=True)
+        named = _unfinished_in_selection(paths, unfinished, only, exclude, drop)
+        if named:
+            typer.echo(f"note: {len(named)} unfinished run(s) left out: "
+                       f"{', '.join(str(p) for p in named[:3])}{' ...' if len(named) > 3 else ''}", err=True)
         if metric is None:  # personalised methods are judged by their clients' own models
             metric, global_only = default_metric([p for p in paths if p not in unfinished])
             if global_only:

@@ -147,6 +147,25 @@ def test_cli_table_leaves_unfinished_runs_out_and_reports_bad_dirs(grid: Path, t
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
 
 
+def test_cli_table_names_only_the_unfinished_runs_its_selection_would_tabulate(grid: Path):
+    """Another column's cells still running beside a finished one (a sweep under way) are not
+    named when --only/--exclude/--drop leave them out; one inside the selection, or one whose
+    config cannot be read, is."""
+    _run(grid, "fedgmr", 7, "medium", 0.1, finished=False)
+    runner = CliRunner()
+    args = ["table", str(grid), "--t-star", "10"]
+    for flags, named in ((["--only", "heterogeneity=high"], 0), (["--only", "method=fedgmr", "--only", "seed=0,1,2"], 0),
+                         (["--exclude", "heterogeneity=low"], 1), (["--drop", "heterogeneity=low"], 1),
+                         (["--only", "method=fedgmr"], 1), ([], 1)):
+        res = runner.invoke(app, args + flags)
+        assert res.exit_code == 0, res.output
+        assert ("1 unfinished run(s) left out" in res.stderr) == bool(named), (flags, res.stderr)
+        assert "**82.00 ± 2.00**" in res.stdout
+    (grid / "fedgmr-medium-7" / "config.yaml").write_text("method: [")  # unreadable: cannot tell, so named
+    res = runner.invoke(app, args + ["--only", "heterogeneity=high"])
+    assert res.exit_code == 0 and "1 unfinished run(s) left out" in res.stderr and "fedgmr-medium-7" in res.stderr
+
+
 def test_end_time_table_bolds_the_lowest_and_has_no_mri(tmp_path: Path):
     for seed in (0, 1):
         _run(tmp_path, "fedgmr", seed, "high", 0.5)
