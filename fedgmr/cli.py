@@ -790,12 +790,14 @@ class _SweepDisplay:
         if kind == "queued":
             self.queued[cell.name] = getattr(cell, "expected_s", None)
             return
+        began = expected = None
         if kind == "start":
             self.running.add(cell.name)
             self.started[cell.name] = time.monotonic()
             self.parallel = max(self.parallel, len(self.running))
-        else:
+        else:  # the cell is no longer this sweep's to run: out of the plan the estimate reads
             self.running.discard(cell.name)
+            began, expected = self.started.pop(cell.name, None), self.queued.pop(cell.name, None)
         if self.bar is not None:
             info = f"running: {', '.join(sorted(self.running))[:80]}" if self.running else ""
             self.bar.update(self.task, total=total, completed=finished, info=info)
@@ -805,14 +807,12 @@ class _SweepDisplay:
         if kind == "start":
             return
         acc = cell.result.get("acc_at_t_star", cell.result.get("final_accuracy"))
-        what = {"skip": "skipped (done)", "done": "done", "fail": "failed"}[kind]
+        what = {"skip": "skipped (done)", "done": "done", "fail": "failed", "left": "left to another sweep"}[kind]
         line = f"[{finished}/{total}] {what:15s} {cell.name}"
         if kind == "fail":
             line += f": {cell.error}"
-        elif acc is not None and not self.blind:
+        elif acc is not None and not self.blind and kind != "left":
             line += f"  acc {100 * acc:.2f}%"
-        began = self.started.pop(cell.name, None)
-        expected = self.queued.pop(cell.name, None)
         if kind == "done" and began is not None:
             now = time.monotonic()
             self.took.append(now - began)

@@ -440,6 +440,32 @@ def test_a_cell_is_expected_to_take_what_finished_cells_like_it_took():
     assert [c.expected_s for c in todo] == [200.0, 1300.0 / 3, 50.0, None, None]
 
 
+def test_a_cell_left_to_another_sweep_leaves_the_estimate(monkeypatch, capsys):
+    """A queued cell that another sweep into the same folder turns out to run (a ``left``
+    event, at its start or after its process was refused) is out of this sweep's plan: the
+    estimate no longer counts it, and its line says where it went, with no accuracy."""
+    from types import SimpleNamespace
+
+    import fedgmr.cli as cli
+
+    clock = iter([0.0, 0.0, 100.0])
+    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
+    cell = {n: SimpleNamespace(name=n, result={"acc_at_t_star": 0.9}, error=None, expected_s=e)
+            for n, e in (("a", 100.0), ("b", 1000.0), ("c", 100.0), ("d", 1000.0))}
+    display = cli._SweepDisplay(enabled=True, live=False, blind=False)
+    for c in cell.values():
+        display.event("queued", c, 0, 4)
+    display.event("start", cell["a"], 0, 4)  # at 0 s
+    display.event("start", cell["b"], 0, 4)  # at 0 s
+    display.event("left", cell["b"], 1, 4)   # refused: the other sweep holds it
+    display.event("left", cell["d"], 2, 4)   # claimed by the other sweep before it started here
+    display.event("done", cell["a"], 3, 4)   # at 100 s, as expected: pace 1; left: c alone, 100 s, 2 at once: 50 s
+    left = "left to another sweep"
+    assert capsys.readouterr().err.splitlines() == [
+        f"[1/4] {left} b", f"[2/4] {left} d", f"[3/4] {'done'.ljust(15)} a  acc 90.00%  (1 min 40 s; about 50 s left)"]
+    assert display.queued == {"c": 100.0} and display.running == set()
+
+
 def test_progress_estimate_sums_the_cells_left_at_their_expected_times(monkeypatch, capsys):
     """With the sweep's plan (``queued`` events), the estimate is each unfinished cell's
     expected time scaled by how the finished ones compared with theirs, less what a running

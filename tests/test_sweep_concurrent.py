@@ -51,11 +51,14 @@ def test_a_cell_another_sweep_is_running_is_left_to_it_not_failed(tmp_path: Path
     lock = RunLock(out / "run")
     lock.acquire()
     try:
+        events: list[tuple[str, str]] = []
         with caplog.at_level(logging.WARNING, logger="fedgmr.experiment.sweep"):
-            outcome = run_sweep(spec, path, root, out, jobs=1)
+            outcome = run_sweep(spec, path, root, out, jobs=1,
+                                on_event=lambda kind, cell, *_: events.append((kind, cell.name)))
     finally:
         lock.release()
     assert outcome.failed == [] and [c.name for c in outcome.elsewhere] == ["run"]
+    assert events == [("left", "run")]  # a display hears of it, and never plans to run it
     entry = _index(out)["run"]
     assert entry["status"] == "running" and entry["error"] is None
     assert any("sweep cell run is running in another process" in r.getMessage() for r in caplog.records)

@@ -652,8 +652,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
     their names and places in the index (``pending`` until a pass runs them).
     ``ray_address`` defaults to the base config's ``run.ray_address``.
     ``on_event(kind, cell, finished, total)`` is told of ``queued`` (each cell this pass
-    will run, once, before any starts; its ``expected_s`` set), ``start``, ``skip``, ``done``
-    and ``fail`` events, for a progress display. ``max_cells``: the bound on the grid's size
+    will run, once, before any starts; its ``expected_s`` set), ``start``, ``skip``, ``done``,
+    ``fail`` and ``left`` (a queued or started cell that another sweep into ``out`` runs:
+    left to it) events, for a progress display. ``max_cells``: the bound on the grid's size
     (:data:`MAX_CELLS`; None: none). ``blind``: each cell runs as ``fedgmr run --blind``, its
     log showing no accuracy, and its entry in sweep.json leaves the accuracies out
     (:data:`BLIND_KEYS`; the run's own records do not change): one flag on each cell of
@@ -700,7 +701,9 @@ def run_sweep(spec: SweepSpec, sweep_file: Path, root: Path, out: Path, jobs: in
             todo.append((cell, state))
     finished = len(cells) - len(todo)
     for cell in cells:
-        if cell.status in ("done", "failed") and cell.elsewhere is None:
+        if cell.elsewhere is not None:
+            notify("left", cell, finished, len(cells))
+        elif cell.status in ("done", "failed"):
             notify("skip" if cell.status == "done" else "fail", cell, finished, len(cells))
     this_pass = {c.name: c for c in cells}
     for cell in every:  # the cells this pass leaves alone: as a full pass would find them
@@ -770,8 +773,7 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                 started = _claim_at_start(cell, out, state)
                 if started is None:  # run elsewhere, or finished there meanwhile
                     finished += 1
-                    if cell.status == "done":
-                        notify("skip", cell, finished, len(cells))
+                    notify("skip" if cell.status == "done" else "left", cell, finished, len(cells))
                     continue
                 from fedgmr.experiment.rundir import open_for_write
 
@@ -792,8 +794,8 @@ def _run_local(todo: list[tuple[Cell, str]], out: Path, jobs: int, cells: list[C
                 _finish(cell, out, proc.returncode, _last_error(out / LOG_DIR / f"{cell.name}.log")
                         if proc.returncode else None)
                 finished += 1
-                if cell.elsewhere is None:
-                    notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
+                notify("left" if cell.elsewhere is not None else "done" if cell.status == "done" else "fail",
+                       cell, finished, len(cells))
             _write_index(out, spec, sweep_file, index)
     finally:
         # an interrupted sweep stops its cells (each resumes from its checkpoint next time)
@@ -838,6 +840,7 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
             started = _claim_at_start(cell, out, state)
             if started is None:  # run elsewhere, or finished there meanwhile
                 finished += 1
+                notify("skip" if cell.status == "done" else "left", cell, finished, len(cells))
                 continue
             refs[remote.remote(cell_command(cell, out, started, spec.imports), str(out / LOG_DIR / f"{cell.name}.log"),
                                _module_path(spec.imports))] = cell
@@ -854,8 +857,8 @@ def _run_ray(todo: list[tuple[Cell, str]], out: Path, address: str | None, cells
                     rc, error = 1, f"ray task failed: {str(exc).splitlines()[0]}"
                 _finish(cell, out, rc, error)
                 finished += 1
-                if cell.elsewhere is None:
-                    notify("done" if cell.status == "done" else "fail", cell, finished, len(cells))
+                notify("left" if cell.elsewhere is not None else "done" if cell.status == "done" else "fail",
+                       cell, finished, len(cells))
             _write_index(out, spec, sweep_file, index)
     finally:
         for ref, cell in refs.items():
