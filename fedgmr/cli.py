@@ -523,21 +523,21 @@ def _unfinished_in_selection(paths: list[Path], unfinished: list[Path], only: li
     tabulated had they finished, the selection made over every run found: those it leaves
     out anyway (another task's cells still running beside a finished one) are not worth a
     note. A run whose config cannot be read yet is kept."""
-    from fedgmr.experiment.table import read_run_config
+    from fedgmr.experiment.table import RunData, read_run_config
 
     if not unfinished or not (only or exclude or drop):
         return unfinished
-    readable = []
+    runs = []
     for path in paths:
         try:
-            read_run_config(path)
-        except FedGMRError:  # config.yaml not written yet, or damaged
+            runs.append(RunData(path, read_run_config(path), [], [], [], [], None))
+        except FedGMRError:  # config.yaml damaged, or half written
             continue
-        readable.append(path)
     try:
-        kept = set(_select_run_dirs(readable, only, exclude, list(drop)))
+        kept = {r.path for r in _select(runs, only, exclude, drop)}
     except ConfigError:  # the selection itself is refused below, on the finished runs, with its message
         return unfinished
+    readable = {r.path for r in runs}
     return [p for p in unfinished if p in kept or p not in readable]
 
 
