@@ -1075,6 +1075,8 @@ def evaluate(
     drop: list[str] = _drop_option("evaluate"),
     blind: bool = typer.Option(False, "--blind", help="with --save: print no accuracy, only how many results "
                                "were kept (for the cells of a grid not yet read, as fedgmr sweep --blind)"),
+    classes: bool = typer.Option(False, "--classes", help="also each class's accuracy, in full and under each "
+                                 "level's mask (classification tasks; kept by --save, printed again by --saved)"),
 ) -> None:
     """Evaluate each run's saved global model on the test split, in full and per ladder level.
 
@@ -1085,6 +1087,7 @@ each result in its run directory; --saved prints those results again from a clon
 holds no checkpoint."""
     import pandas as pd
 
+    from fedgmr.errors import RunDirError
     from fedgmr.experiment.evaluate_run import evaluate_run, level_labels, load_evaluation
     from fedgmr.experiment.table import find_runs
 
@@ -1096,13 +1099,16 @@ holds no checkpoint."""
                           "unseen; print them later with --saved)"))
         return
     _import_user_code(imports)
-    rows, kept = [], 0
+    rows, class_rows, kept = [], [], 0
     try:
         paths = find_runs(dirs)
         for path in _select_run_dirs(paths, only, exclude, drop):
-            result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save)
+            result = load_evaluation(path) if saved else evaluate_run(path, levels, save=save, classes=classes)
+            if saved and classes and not result.class_accuracy:
+                raise RunDirError(f"{path} has no per-class evaluation saved: run `fedgmr evaluate {path} --save "
+                                  f"--classes` where its checkpoint is")
             if saved and not levels:
-                result.levels, result.level_accuracy = [], []
+                result.levels, result.level_accuracy, result.level_class_accuracy = [], [], []
             kept += 1
             if blind:
                 continue
@@ -1114,6 +1120,12 @@ holds no checkpoint."""
             row.update({label: f"{100 * a:.2f}" for label, a in zip(level_labels(result.levels),
                                                                      result.level_accuracy)})
             rows.append(row)
+            if classes:
+                models = [("full", result.class_accuracy),
+                          *zip(level_labels(result.levels), result.level_class_accuracy)]
+                for label, accs in models:
+                    class_rows.append({"run": path.name, "model": label,
+                                       **{str(c): "–" if a is None else f"{100 * a:.1f}" for c, a in enumerate(accs)}})
     except FedGMRError as exc:
         _fail(_suggest_import(exc, imports))
         return
@@ -1125,6 +1137,10 @@ holds no checkpoint."""
         typer.echo("Test accuracy of each run's saved global model; @d: under the mask of ladder level d "
                    "(d to 3 significant figures; final: the checkpoint is the run's last step).\n")
         typer.echo(frame.to_markdown(index=False))
+    if class_rows:
+        typer.echo("\nTest accuracy per class (%) of the same models: in full, and under the mask of each ladder "
+                   "level (@d); –: a class the test split lacks.\n")
+        typer.echo(pd.DataFrame(class_rows).fillna("–").to_markdown(index=False))
 
 
 def _md_or_csv(fmt: str) -> bool:

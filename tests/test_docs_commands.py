@@ -214,7 +214,11 @@ def test_documented_command_parses_and_resolves(where: str, cmd: str, tmp_path: 
             assert "saved the evaluation of" in proc.stdout and "accuracy" not in proc.stdout, proc.stdout
             assert all((tmp_path / d / "evaluation.json").is_file() for d in _positional(args[1:])), where
             return
-        assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout and "@0.5" in proc.stdout, proc.stdout
+        assert "accuracy (%)" in proc.stdout and "| yes" in proc.stdout, proc.stdout
+        assert ("@0.5" in proc.stdout) == ("--no-levels" not in args), proc.stdout  # the level columns
+        if "--classes" in args:  # one row per model: the full one, then each level's
+            assert "Test accuracy per class (%)" in proc.stdout and "| full " in proc.stdout, proc.stdout
+            assert ("| @0.5 " in proc.stdout) == ("--no-levels" not in args), proc.stdout
         return
     elif sub == "tiers":  # exactly as written, on a tiny fixed-time run made where it names one
         if _reads_measured(args):

@@ -2,8 +2,9 @@
 `fedgmr table` (and `fedgmr tiers`) prints on the cells kept in the repository under
 ``measured/``.
 
-Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``, or
-``fedgmr evaluate measured/... --saved``) command in a ``bash`` block followed by an output
+Wherever a page shows a ``fedgmr table measured/...`` (or ``fedgmr tiers measured/...``,
+``fedgmr evaluate measured/... --saved``, or, where the data sets are beside the repository,
+``fedgmr masks measured/...`` and ``fedgmr data clients measured/...``) command in a ``bash`` block followed by an output
 block, the command is run from the repository root and its output must equal the pasted
 block, character for character: a table edited by hand, or cells changed or
 lost after the table was pasted, fail here.
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.usefixtures("measured_read_once")
 #: the commands whose pasted output is a table of runs
 TABLE_COMMANDS = ("fedgmr table ", "fedgmr tiers ")
 #: ... and those re-derived here when they read measured/ (a saved evaluation's table too)
-TABLE_COMMANDS_ON_MEASURED = tuple(c + "measured/" for c in (*TABLE_COMMANDS, "fedgmr evaluate ", "fedgmr masks "))
+TABLE_COMMANDS_ON_MEASURED = tuple(c + "measured/" for c in (*TABLE_COMMANDS, "fedgmr evaluate ", "fedgmr masks ",
+                                                                "fedgmr data clients "))
 #: the real data sets, beside the repository (``fedgmr masks`` builds a kept cell's model from its data)
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -75,8 +77,8 @@ def test_pasted_tables_are_found_only_after_their_command():
 @pytest.mark.parametrize("cmd,pasted", TABLES, ids=[c for c, _ in TABLES])
 def test_pasted_table_is_what_fedgmr_table_prints(cmd: str, pasted: str):
     args = shlex.split(cmd)[1:]
-    if args[0] == "masks" and not SHARED_DATA.is_dir():
-        pytest.skip(f"{cmd} builds the cell's model from its data set, which is not at {SHARED_DATA}")
+    if args[0] in ("masks", "data") and not SHARED_DATA.is_dir():
+        pytest.skip(f"{cmd} reads the cell's data set, which is not at {SHARED_DATA}")
     proc = run_cli(args, REPO)  # in-process: the same command, without a PyTorch start-up per table
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == pasted.strip(), f"{cmd} now prints:\n{proc.stdout}"

@@ -15,6 +15,13 @@ that model (``sim/published/*``) beside the unfinished step's, and it is the one
 the numeric stack that computed it), so that a run kept without its checkpoint (``measured/``
 keeps none) still answers the question: ``fedgmr evaluate RUN --saved`` prints the same
 table from the saved files alone, with no checkpoint, data or model needed.
+
+``fedgmr evaluate RUN --classes`` also measures each class's test accuracy (classification
+tasks): of the full model and of the model under each level's mask, the same numbers a run
+with ``run.class_eval_every`` logs as ``class_accuracy``. Under label skew it shows whose
+classes a model serves: a full model whose outer coordinates only one client trains can miss
+the classes that client lacks while its small sub-models do not. With ``--save`` they are
+kept in ``evaluation.json`` too (``--saved --classes`` prints them again from a clone).
 """
 
 from __future__ import annotations
@@ -53,9 +60,20 @@ class RunEvaluation:
     #: ladder densities and the accuracy of the global model under each level's mask
     levels: list[float] = field(default_factory=list)
     level_accuracy: list[float] = field(default_factory=list)
+    #: with ``classes``: each class's accuracy (None for a class the test split lacks), of the
+    #: model in full and under each level's mask (aligned with ``levels``); empty otherwise
+    class_accuracy: list[float | None] = field(default_factory=list)
+    level_class_accuracy: list[list[float | None]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, without the per-class ones when they were not measured."""
+        body = asdict(self)
+        if not self.class_accuracy:
+            del body["class_accuracy"], body["level_class_accuracy"]
+        return body
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
 
 
 def save_evaluation(result: RunEvaluation, run_dir: str | Path, config_sha256: str,
@@ -64,7 +82,7 @@ def save_evaluation(result: RunEvaluation, run_dir: str | Path, config_sha256: s
     temporary beside it, then a rename); returns its path. ``run`` is stored as the
     directory's name, so the file does not depend on where the run was evaluated."""
     out = Path(run_dir)
-    body = {"format": EVALUATION_FORMAT, **asdict(result), "run": out.name, "config_sha256": config_sha256,
+    body = {"format": EVALUATION_FORMAT, **result.to_dict(), "run": out.name, "config_sha256": config_sha256,
             "environment": environment or {}}
     path = out / EVALUATION_FILE
     tmp = out / f".{EVALUATION_FILE}.tmp"
@@ -91,9 +109,14 @@ def load_evaluation(run_dir: str | Path) -> RunEvaluation:
         result = RunEvaluation(run=str(out), step=int(fields["step"]), time=float(fields["time"]),
                                final=bool(fields["final"]), accuracy=float(fields["accuracy"]),
                                loss=float(fields["loss"]), levels=[float(d) for d in fields["levels"]],
-                               level_accuracy=[float(a) for a in fields["level_accuracy"]])
+                               level_accuracy=[float(a) for a in fields["level_accuracy"]],
+                               class_accuracy=_class_list(body.get("class_accuracy", [])),
+                               level_class_accuracy=[_class_list(row) for row in body.get("level_class_accuracy", [])])
         if len(result.levels) != len(result.level_accuracy):
             raise ValueError("levels")
+        if result.level_class_accuracy and (len(result.level_class_accuracy) != len(result.levels) or any(
+                len(row) != len(result.class_accuracy) for row in result.level_class_accuracy)):
+            raise ValueError("level_class_accuracy")
     except RunDirError:
         raise
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
@@ -108,6 +131,13 @@ def load_evaluation(run_dir: str | Path) -> RunEvaluation:
             raise RunDirError(f"{out / CONFIG_FILE} was changed after {EVALUATION_FILE} was saved (its hash does "
                               f"not match): the saved evaluation is of another experiment; restore the config")
     return result
+
+
+def _class_list(values: Any) -> list[float | None]:
+    """A saved per-class accuracy list (numbers, or null for a class the test split lacks)."""
+    if not isinstance(values, list):
+        raise ValueError("class accuracy")
+    return [None if v is None else float(v) for v in values]
 
 
 def level_labels(densities: Sequence[float]) -> list[str]:
@@ -144,11 +174,14 @@ def _summary_steps(path: Path) -> int | None:
     return steps
 
 
-def evaluate_run(run_dir: str | Path, levels: bool = True, save: bool = False) -> RunEvaluation:
+def evaluate_run(run_dir: str | Path, levels: bool = True, save: bool = False,
+                 classes: bool = False) -> RunEvaluation:
     """Evaluate the global model of ``run_dir``'s checkpoint (see the module docstring);
-    with ``save``, also keep the result in the run directory (:func:`save_evaluation`).
+    with ``save``, also keep the result in the run directory (:func:`save_evaluation`);
+    with ``classes``, also each class's accuracy, in full and (with ``levels``) per level.
 
-    Raises ``RunDirError`` for a directory without a config or a checkpoint."""
+    Raises ``RunDirError`` for a directory without a config or a checkpoint, and for
+    ``classes`` on a task that is not classification."""
     from fedgmr.methods import resolve_config
 
     out = Path(run_dir)
@@ -170,11 +203,19 @@ def evaluate_run(run_dir: str | Path, levels: bool = True, save: bool = False) -
                           f"checkpoint's config hash): the evaluation would rebuild another experiment than the "
                           f"one trained; restore it")
     raw.setdefault("run", {})["executor"] = "serial"  # evaluation trains nothing: no worker pool or Ray
+    if classes:  # the per-class report a run logs with run.class_eval_every (evaluation only: nothing trains)
+        raw["run"]["class_eval_every"] = 1
     try:
         cfg = resolve_config(raw)
     except ConfigError as exc:
         raise RunDirError(f"{config_path}: {exc}") from None
-    exp = build_experiment(cfg)
+    try:
+        exp = build_experiment(cfg)
+    except ConfigError as exc:
+        if classes and "class_eval_every" in str(exc):  # the task has no classes (or no global model)
+            raise RunDirError(f"{out}: --classes measures each class's accuracy of the global model, which this "
+                              f"run has not: {exc}") from None
+        raise
     try:
         try:
             exp.strategy.load_state_dict(state["strategy"],
@@ -196,10 +237,19 @@ def evaluate_run(run_dir: str | Path, levels: bool = True, save: bool = False) -
         ladder = list(strategy.ladder.ladder) if levels else []
         per_level = masked_level_accuracy(params, buffers, [strategy.policy.mask(i) for i in range(len(ladder))],
                                           lambda p, b: evaluate(p, b, "test")[0])
+        class_acc: list[float | None] = []
+        level_class_acc: list[list[float | None]] = []
+        if classes:
+            report = exp.simulator.diagnostics.class_report if exp.simulator.diagnostics is not None else None
+            if report is None:  # pragma: no cover - resolve_config refuses the tasks without one
+                raise RunDirError(f"{out}: no per-class report for this run's task")
+            class_acc = list(report(params, buffers)["class_accuracy"])
+            level_class_acc = [list(report(params * strategy.policy.mask(i).to(params.dtype), buffers)
+                                    ["class_accuracy"]) for i in range(len(ladder))]
         sim = state.get("simulator", {})
         final = _summary_steps(out / SUMMARY_FILE) == step
         result = RunEvaluation(str(out), step, float(sim.get("now", 0.0)), final, float(acc), float(loss),
-                               [float(d) for d in ladder], [float(a) for a in per_level])
+                               [float(d) for d in ladder], [float(a) for a in per_level], class_acc, level_class_acc)
         if save:
             from fedgmr.experiment.environment import environment
 
