@@ -99,10 +99,14 @@ def test_saved_classes_print_again_without_the_checkpoint(tmp_path: Path):
     only_full = _class_table(fedgmr("evaluate", str(out), "--saved", "--classes", "--no-levels").stdout)
     assert [r[1] for r in only_full[1:]] == ["full"]
 
-    body["level_class_accuracy"] = body["level_class_accuracy"][:-1]  # one level's row lost
-    (out / "evaluation.json").write_text(json.dumps(body))
-    damaged = fedgmr("evaluate", str(out), "--saved", "--classes")
-    assert damaged.returncode == 3 and "is damaged" in damaged.stderr and len(damaged.stderr.strip().splitlines()) == 1
+    for broken in ({"level_class_accuracy": body["level_class_accuracy"][:-1]},  # one level's row lost
+                   {"level_class_accuracy": [row[:-1] for row in body["level_class_accuracy"]]},  # a class lost
+                   {"class_accuracy": []},  # the full model's row lost, the levels' kept
+                   {"class_accuracy": "85.0"}):  # not a list
+        (out / "evaluation.json").write_text(json.dumps({**body, **broken}))
+        damaged = fedgmr("evaluate", str(out), "--saved", "--classes")
+        assert damaged.returncode == 3 and "is damaged" in damaged.stderr, broken
+        assert len(damaged.stderr.strip().splitlines()) == 1 and not damaged.stdout, broken
 
 
 def test_classes_are_refused_in_one_line_for_a_task_without_classes(tmp_path: Path):

@@ -114,9 +114,10 @@ def load_evaluation(run_dir: str | Path) -> RunEvaluation:
                                level_class_accuracy=[_class_list(row) for row in body.get("level_class_accuracy", [])])
         if len(result.levels) != len(result.level_accuracy):
             raise ValueError("levels")
-        if result.level_class_accuracy and (len(result.level_class_accuracy) != len(result.levels) or any(
-                len(row) != len(result.class_accuracy) for row in result.level_class_accuracy)):
-            raise ValueError("level_class_accuracy")
+        if (result.class_accuracy or result.level_class_accuracy) and (
+                not result.class_accuracy or len(result.level_class_accuracy) != len(result.levels)
+                or any(len(row) != len(result.class_accuracy) for row in result.level_class_accuracy)):
+            raise ValueError("level_class_accuracy")  # one row per level, each as long as the full model's
     except RunDirError:
         raise
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
@@ -241,7 +242,7 @@ def evaluate_run(run_dir: str | Path, levels: bool = True, save: bool = False,
         level_class_acc: list[list[float | None]] = []
         if classes:
             report = exp.simulator.diagnostics.class_report if exp.simulator.diagnostics is not None else None
-            if report is None:  # pragma: no cover - resolve_config refuses the tasks without one
+            if report is None:  # pragma: no cover - build_experiment refuses the tasks without one, above
                 raise RunDirError(f"{out}: no per-class report for this run's task")
             class_acc = list(report(params, buffers)["class_accuracy"])
             level_class_acc = [list(report(params * strategy.policy.mask(i).to(params.dtype), buffers)
