@@ -75,6 +75,23 @@ def tiny_config(**sections: Any) -> dict[str, Any]:
     return cfg
 
 
+def tiny_text_config(name: str, **sections: Any) -> dict[str, Any]:
+    """A raw config like :func:`tiny_config` for a next-character task with no classes to
+    report: registers data set ``name`` (12 short sequences over 5 characters) and a one-layer
+    char-LSTM on two clients; keyword sections are merged in."""
+    from fedgmr.data import DATASETS, ArrayDataset, FederatedData
+
+    @DATASETS.register(name, replace=True)
+    def load(root: Any = None) -> FederatedData:
+        seq = torch.arange(12 * 8).reshape(12, 8) % 5 + 1
+        return FederatedData("tiny_text", ArrayDataset(seq[:10, :-1], seq[:10, 1:]), ArrayDataset(seq[10:, :-1],
+                             seq[10:, 1:]), num_classes=6, task="next_token", pad_index=0)
+
+    text = {"data": {"name": name, "partition": "iid"}, "clients": {"num_clients": 2, "heterogeneity": "none"},
+            "model": {"name": "char_lstm", "options": {"embed_dim": 4, "hidden": 8, "layers": 1}}}
+    return tiny_config(**{**text, **sections})
+
+
 def simulate(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
     """Build ``raw`` (a raw config dict), run it to its end, and return (records, the
     experiment); the executor is closed on every path."""

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import scaled, simulate, tiny_config
+from conftest import scaled, simulate, tiny_config, tiny_text_config
 from fedgmr.experiment.diagnostics import Diagnostics, masked_level_accuracy
 
 EXTRA = ("levels", "level_accuracy", "client_accuracy", "class_accuracy", "predicted_share")
@@ -153,21 +153,11 @@ def test_class_accuracy_refusals_are_one_line_config_errors(extra: dict, match: 
 
 
 def test_class_accuracy_needs_a_classification_task():
-    from fedgmr.data import DATASETS, ArrayDataset, FederatedData
     from fedgmr.errors import ConfigError
     from fedgmr.experiment.build import build_experiment
     from fedgmr.methods import resolve_config
 
-    @DATASETS.register("tiny_text_for_class_eval", replace=True)
-    def load(root=None):
-        seq = torch.arange(12 * 8).reshape(12, 8) % 5 + 1
-        return FederatedData("tiny_text", ArrayDataset(seq[:10, :-1], seq[:10, 1:]), ArrayDataset(seq[10:, :-1],
-                             seq[10:, 1:]), num_classes=6, task="next_token", pad_index=0)
-
-    raw = tiny_config(data={"name": "tiny_text_for_class_eval", "partition": "iid"},
-                      clients={"num_clients": 2, "heterogeneity": "none"},
-                      model={"name": "char_lstm", "options": {"embed_dim": 4, "hidden": 8, "layers": 1}},
-                      run={"class_eval_every": 1})
+    raw = tiny_text_config("tiny_text_for_class_eval", run={"class_eval_every": 1})
     with pytest.raises(ConfigError, match="needs a classification task") as err:
         build_experiment(resolve_config(raw)).executor.close()
     assert "\n" not in str(err.value)

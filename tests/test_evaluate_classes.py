@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import yaml
 
-from conftest import fedgmr_in_process, tiny_config
+from conftest import fedgmr_in_process, tiny_config, tiny_text_config
 
 
 def fedgmr(*args: str) -> Any:
@@ -110,18 +110,7 @@ def test_saved_classes_print_again_without_the_checkpoint(tmp_path: Path):
 
 
 def test_classes_are_refused_in_one_line_for_a_task_without_classes(tmp_path: Path):
-    from fedgmr.data import DATASETS, ArrayDataset, FederatedData
-
-    @DATASETS.register("tiny_text_for_evaluate_classes", replace=True)
-    def load(root=None):
-        seq = torch.arange(12 * 8).reshape(12, 8) % 5 + 1
-        return FederatedData("tiny_text", ArrayDataset(seq[:10, :-1], seq[:10, 1:]), ArrayDataset(seq[10:, :-1],
-                             seq[10:, 1:]), num_classes=6, task="next_token", pad_index=0)
-
-    raw = tiny_config(data={"name": "tiny_text_for_evaluate_classes", "partition": "iid"},
-                      clients={"num_clients": 2, "heterogeneity": "none"},
-                      model={"name": "char_lstm", "options": {"embed_dim": 4, "hidden": 8, "layers": 1}},
-                      run={"max_steps": 4, "eval_every": 2})
+    raw = tiny_text_config("tiny_text_for_evaluate_classes", run={"max_steps": 4, "eval_every": 2})
     out = _run(tmp_path, "text", raw)
     assert fedgmr("evaluate", str(out), "--no-levels").returncode == 0  # without --classes: evaluated
     proc = fedgmr("evaluate", str(out), "--classes")
