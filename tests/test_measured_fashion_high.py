@@ -107,3 +107,20 @@ def test_fjord_on_fedgmrs_transport_is_above_fedgmr_in_each_seed_by_the_quoted_g
     quoted = re.search(r"above FedGMR in each seed, by ([\d.]+), ([\d.]+) and ([\d.]+) points", _section(IID))
     assert quoted is not None
     assert [float(q) for q in quoted.groups()] == pytest.approx(gaps, abs=0.006)
+
+
+def _record_at_r1(method: str, seed: int) -> dict:
+    return [r for r in read_metrics(_cell(method, "iid", seed)) if r["time"] <= 2000][-1]
+
+
+def test_the_update_counts_the_diagnostic_quotes_are_the_cells():
+    text = _section(IID)
+    gmr = [_record_at_r1("fedgmr", s) for s in range(3)]
+    fj = [_record_at_r1("fjord_ims", s) for s in range(3)]
+    assert {r["uploads"] for r in fj} == {2270} and {u for r in fj for u in r["client_uploads"]} == {227}
+    slowest = [r["client_uploads"][4:] for r in gmr]
+    assert all(len(set(s)) == 1 for s in slowest)  # the six slowest clients send alike
+    assert f"its six slowest clients {slowest[0][0]}, {slowest[1][0]} and {slowest[2][0]} each" in text
+    lost = [2270 - r["uploads"] for r in gmr]
+    assert f"the updates lost ({lost[0]}, {lost[1]}, {lost[2]})" in text
+    assert lost == sorted(lost)  # "the more a seed has restored, the fewer it sends"
