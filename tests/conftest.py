@@ -92,6 +92,18 @@ def tiny_text_config(name: str, **sections: Any) -> dict[str, Any]:
     return tiny_config(**{**text, **sections})
 
 
+PROTOCOL_RESULTS = Path(__file__).resolve().parents[1] / "docs" / "protocol_results.md"
+
+
+def page_section(heading: str, page: Path = PROTOCOL_RESULTS) -> str:
+    """The text of ``page`` from ``heading`` (a whole heading line) to the next ``## `` heading:
+    what the tests of hand-quoted numbers read from a results page."""
+    text = page.read_text(encoding="utf-8")
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
 def simulate(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
     """Build ``raw`` (a raw config dict), run it to its end, and return (records, the
     experiment); the executor is closed on every path."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import page_section
 from fedgmr.experiment.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,10 +22,7 @@ FIVE_SEEDS = "## §6, our rules out of sample: MNIST at α = 0.1 and 0.3, five s
 
 
 def _section(heading: str = HEADING) -> str:
-    text = PAGE.read_text(encoding="utf-8")
-    start = text.index(heading)
-    end = text.find("\n## ", start + 1)
-    return text[start:end]
+    return page_section(heading, PAGE)
 
 
 def _name(method: str, seed: int) -> str:

@@ -4,12 +4,13 @@ what those cells hold."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
+from conftest import page_section
+from fedgmr.experiment.evaluate_run import load_evaluation
 from fedgmr.experiment.metrics import acc_at_t, read_metrics, run_eval_interval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,10 +21,7 @@ NON_IID = "## Fashion-MNIST, High heterogeneity, non-IID, three seeds: Table 1 a
 
 
 def _section(heading: str) -> str:
-    text = PAGE.read_text(encoding="utf-8")
-    start = text.index(heading)
-    end = text.find("\n## ", start + 1)
-    return " ".join(text[start:end].split())  # prose wraps anywhere: compare on single spaces
+    return " ".join(page_section(heading, PAGE).split())  # prose wraps anywhere: compare on single spaces
 
 
 def _cell(method: str, partition: str, seed: int) -> Path:
@@ -70,9 +68,9 @@ def test_the_non_iid_ladder_is_what_the_cells_record():
 
 
 def _level_means(method: str) -> tuple[float, list[float]]:
-    evals = [json.loads((_cell(method, "iid", s) / "evaluation.json").read_text()) for s in range(3)]
-    full = sum(e["accuracy"] for e in evals) / 3
-    levels = [sum(e["level_accuracy"][k] for e in evals) / 3 for k in range(len(evals[0]["level_accuracy"]))]
+    evals = [load_evaluation(_cell(method, "iid", s)) for s in range(3)]
+    full = sum(e.accuracy for e in evals) / 3
+    levels = [sum(e.level_accuracy[k] for e in evals) / 3 for k in range(len(evals[0].level_accuracy))]
     return 100 * full, [100 * v for v in levels]
 
 
@@ -83,7 +81,7 @@ def test_the_iid_per_level_means_are_what_the_kept_evaluations_hold():
     asy_full, _ = _level_means("fedasync_ims")
     assert f"`fedasync_ims` {asy_full:.2f} %" in text
     fj_full, fj_levels = _level_means("fjord_ims")
-    assert json.loads((_cell("fjord_ims", "iid", 0) / "evaluation.json").read_text())["levels"][-1] == 1.0
+    assert load_evaluation(_cell("fjord_ims", "iid", 0)).levels[-1] == 1.0
     below_full = fj_levels[:-1]  # the last level is the full model
     assert f"`fjord_ims` {fj_full:.2f} % in full and {min(below_full):.2f}–{max(below_full):.2f} % at every smaller level" in text
     fi_full, fi_levels = _level_means("fiarse_ims")

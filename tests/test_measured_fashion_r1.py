@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import page_section
 from fedgmr.experiment.evaluate_run import load_evaluation
 from fedgmr.experiment.metrics import read_metrics
 
@@ -83,9 +84,7 @@ HEADING = "## Fashion-MNIST, High heterogeneity, non-IID, three seeds: Table 1 a
 
 def _section() -> str:
     """The page's Fashion-MNIST High non-IID section, its pasted tables left out (prose only)."""
-    text = PAGE.read_text(encoding="utf-8")
-    start = text.index(HEADING)
-    section = text[start:text.find("\n## ", start + 1)]
+    section = page_section(HEADING, PAGE)
     return re.sub(r"^```\w*\n.*?^```\n", "", section, flags=re.M | re.S)
 
 
